@@ -1,0 +1,103 @@
+"""API keys: ``bot_<prefix>_<secret>``, stored as prefix + SHA-256 of the whole key.
+
+The prefix finds the row; the hash is compared in constant time. A key is
+shown once, when it is made, and never stored or logged in clear. A
+high-entropy random secret needs no slow password hash: SHA-256 of 256 random
+bits cannot be brute-forced.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import hmac
+import secrets
+from dataclasses import dataclass
+
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from bot.storage.models import ApiKey, utcnow
+from bot.storage.queries import as_utc
+
+KEY_PREFIX = "bot"
+PREFIX_BYTES = 6
+SECRET_BYTES = 32
+SCOPES = ("chat", "admin")
+# last_used_at is informational; writing it on every request would serialise SQLite writers.
+LAST_USED_RESOLUTION = dt.timedelta(minutes=1)
+
+
+@dataclass(frozen=True)
+class IssuedKey:
+    key: str
+    """The full key: shown to the admin once, never stored."""
+    record: ApiKey
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who a request acts for."""
+
+    key_id: str
+    owner: str
+    scopes: frozenset[str]
+
+
+def hash_key(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def split_key(key: str) -> str | None:
+    """The prefix of a well-formed key, else None."""
+    parts = key.split("_")
+    if len(parts) != 3 or parts[0] != KEY_PREFIX or not parts[1] or not parts[2]:
+        return None
+    return parts[1]
+
+
+async def create_key(
+    session: AsyncSession,
+    *,
+    name: str,
+    owner: str | None = None,
+    scopes: tuple[str, ...] = ("chat",),
+    expires_at: dt.datetime | None = None,
+) -> IssuedKey:
+    unknown = set(scopes) - set(SCOPES)
+    if unknown:
+        raise ValueError(f"unknown scope(s): {', '.join(sorted(unknown))}")
+    prefix = secrets.token_hex(PREFIX_BYTES)
+    key = f"{KEY_PREFIX}_{prefix}_{secrets.token_urlsafe(SECRET_BYTES)}"
+    record = ApiKey(
+        name=name,
+        owner=owner or name,
+        prefix=prefix,
+        secret_hash=hash_key(key),
+        scopes=",".join(scopes),
+        expires_at=expires_at,
+    )
+    session.add(record)
+    await session.flush()
+    return IssuedKey(key, record)
+
+
+async def authenticate(session: AsyncSession, presented: str) -> Principal | None:
+    """The principal for a presented key, or None (unknown, wrong, revoked or expired)."""
+    prefix = split_key(presented)
+    if prefix is None:
+        return None
+    record = (await session.scalars(select(ApiKey).where(ApiKey.prefix == prefix))).one_or_none()
+    # Hash even when the prefix is unknown, so timing does not tell which prefixes exist.
+    expected = record.secret_hash if record is not None else hash_key("")
+    if not hmac.compare_digest(hash_key(presented), expected) or record is None:
+        return None
+    now = utcnow()
+    if record.revoked_at is not None:
+        return None
+    if record.expires_at is not None and as_utc(record.expires_at) <= now:
+        return None
+    if record.last_used_at is None or now - as_utc(record.last_used_at) > LAST_USED_RESOLUTION:
+        record.last_used_at = now
+        await session.commit()
+    return Principal(record.id, record.owner, frozenset(record.scopes.split(",")))

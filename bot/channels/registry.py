@@ -1,0 +1,22 @@
+"""Every channel the service answers on, in one list.
+
+A setup function registers the channel's routes on the app and its
+``Channel`` (reply sinks) with the turn service.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import aiohttp
+from aiohttp import web
+
+from bot.channels.api import routes as api
+from bot.config import Settings
+from bot.turns.service import TurnService
+
+ChannelSetup = Callable[[web.Application, Settings, TurnService, aiohttp.ClientSession], None]
+
+CHANNEL_SETUPS: list[ChannelSetup] = [
+    api.setup,
+]

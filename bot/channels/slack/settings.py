@@ -1,0 +1,55 @@
+"""Configuration of one Slack app (``[[slack]]`` tables in the TOML file)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
+
+SLACK_API_BASE_URL = "https://slack.com/api/"
+
+# chat.appendStream is Tier 4 (100+ calls a minute per workspace); two calls a
+# second per message streams smoothly and leaves room for several turns at once.
+DEFAULT_STREAM_INTERVAL_S = 0.5
+# chat.update is Tier 3 (about 50 a minute per workspace) and chat.postMessage
+# allows about one message a second per channel: one edit a second per message.
+DEFAULT_UPDATE_INTERVAL_S = 1.0
+DEFAULT_POST_INTERVAL_S = 1.0
+# Slack truncates a message past 40,000 characters and advises at most 4,000
+# for readability; longer replies continue in further messages of the thread.
+DEFAULT_MAX_MESSAGE_CHARS = 4000
+SLACK_MAX_TEXT_CHARS = 40_000
+# A rate-limited reply waits out Retry-After; past this total it gives up.
+DEFAULT_MAX_RETRY_WAIT_S = 120.0
+DEFAULT_API_TIMEOUT_S = 10
+# users.info answers are cached; display names change rarely.
+DEFAULT_USER_CACHE_TTL_S = 3600.0
+DEFAULT_USER_CACHE_SIZE = 5000
+# The handler has 3 s to acknowledge; a name lookup may use at most this much of it.
+DEFAULT_USER_LOOKUP_TIMEOUT_S = 1.0
+
+StreamingMode = Literal["auto", "stream", "update"]
+
+
+class SlackAppSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    """Names the channel instance: ``slack:{name}``."""
+    signing_secret: SecretStr
+    bot_token: SecretStr
+    api_base_url: str = SLACK_API_BASE_URL
+    app_id: str | None = None
+    """The app's ``api_app_id``; when set, events of other apps are never taken for this one."""
+    streaming: StreamingMode = "auto"
+    """``stream``: chat.startStream/appendStream/stopStream; ``update``: chat.postMessage +
+    chat.update; ``auto``: stream, falling back to update where the workspace lacks the methods."""
+    stream_interval_s: float = Field(DEFAULT_STREAM_INTERVAL_S, ge=0)
+    update_interval_s: float = Field(DEFAULT_UPDATE_INTERVAL_S, ge=0)
+    post_interval_s: float = Field(DEFAULT_POST_INTERVAL_S, ge=0)
+    """Spacing of new messages (chat.postMessage, chat.startStream) in one channel."""
+    max_message_chars: int = Field(DEFAULT_MAX_MESSAGE_CHARS, ge=100, le=SLACK_MAX_TEXT_CHARS)
+    max_retry_wait_s: float = Field(DEFAULT_MAX_RETRY_WAIT_S, ge=0)
+    api_timeout_s: int = Field(DEFAULT_API_TIMEOUT_S, gt=0)
+    user_cache_ttl_s: float = Field(DEFAULT_USER_CACHE_TTL_S, ge=0)
+    user_lookup_timeout_s: float = Field(DEFAULT_USER_LOOKUP_TIMEOUT_S, gt=0)

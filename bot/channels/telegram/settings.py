@@ -1,0 +1,60 @@
+"""Configuration of one Telegram bot (``[[telegram]]`` tables in the TOML file).
+
+The pacing defaults come from Telegram's published limits (Bots FAQ, "My bot
+is hitting limits"): about one message a second in one chat, at most 20
+messages a minute in one group, about 30 messages a second overall. Edits and
+drafts are paced as messages: Telegram answers a flood of them with 429 too.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
+
+TELEGRAM_API_BASE_URL = "https://api.telegram.org"
+
+PRIVATE_CHAT_MIN_INTERVAL_S = 1.0
+"""About one message a second per chat."""
+GROUP_CHAT_MIN_INTERVAL_S = 3.0
+"""20 messages a minute per group: one every three seconds."""
+GLOBAL_MAX_CALLS_PER_S = 30.0
+"""About 30 messages a second across all chats of one bot."""
+MAX_FLOOD_WAIT_S = 60.0
+"""A 429 asking for a longer wait than this fails the delivery instead of stalling the turn."""
+TYPING_REFRESH_S = 4.5
+"""``sendChatAction`` shows for five seconds at most; refresh a little before it fades."""
+REQUEST_TIMEOUT_S = 30.0
+
+
+class TelegramBotSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    """Path segment of the webhook: ``POST /telegram/{name}``."""
+    token: SecretStr
+    secret_token: SecretStr | None = None
+    """Expected in ``X-Telegram-Bot-Api-Secret-Token``; set by ``botctl telegram set-webhook``."""
+    api_base_url: str = TELEGRAM_API_BASE_URL
+    username: str | None = None
+    """The bot's @username, without the @. Looked up with ``getMe`` when not set."""
+    format: str = Field("html", pattern=r"^(html|plain)$")
+    """``html``: convert the model's Markdown to Telegram HTML; ``plain``: send text as is."""
+
+    private_min_interval_s: float = Field(PRIVATE_CHAT_MIN_INTERVAL_S, ge=0)
+    """Least time between two calls (draft, message, edit) to one private chat."""
+    group_min_interval_s: float = Field(GROUP_CHAT_MIN_INTERVAL_S, ge=0)
+    """Least time between two calls (message, edit) to one group chat."""
+    global_max_calls_per_s: float = Field(GLOBAL_MAX_CALLS_PER_S, gt=0)
+    max_flood_wait_s: float = Field(MAX_FLOOD_WAIT_S, ge=0)
+    typing_refresh_s: float = Field(TYPING_REFRESH_S, gt=0)
+    request_timeout_s: float = Field(REQUEST_TIMEOUT_S, gt=0)
+
+    @property
+    def bot_id(self) -> int | None:
+        """The bot's user id: a token is ``{bot_id}:{secret}``."""
+        head, _, _ = self.token.get_secret_value().partition(":")
+        return int(head) if head.isdigit() else None
+
+    @property
+    def channel(self) -> str:
+        """``InboundMessage.channel`` (and owner) of this bot's conversations."""
+        return f"telegram:{self.name}"

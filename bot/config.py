@@ -1,0 +1,162 @@
+"""Settings: one typed object, loaded from TOML, overridden by ``BOT_*`` env vars.
+
+Precedence, highest first: environment (``BOT_ENGINE__MAX_MODEL_LEN=4096``;
+a double underscore separates section and key), the TOML file
+(``--config``, or ``BOT_CONFIG``), then the defaults below. Everything is
+validated at start-up; ``load_settings`` raises ``ConfigError`` with a message
+that names each bad key.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from bot.channels.slack.settings import SlackAppSettings
+from bot.channels.telegram.settings import TelegramBotSettings
+from bot.channels.webhook.settings import WebhookSettings
+
+DEFAULT_DATA_DIR = Path("data")
+DEFAULT_DEMO_MODEL_DIR = DEFAULT_DATA_DIR / "demo-model"
+DEFAULT_DATABASE_URL = f"sqlite+aiosqlite:///{DEFAULT_DATA_DIR / 'bot.db'}"
+DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant. Answer briefly."
+DEFAULT_MAX_BODY_BYTES = 64 * 1024
+DEFAULT_MAX_TEXT_CHARS = 8000
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ServerSettings(_Section):
+    host: str = "127.0.0.1"
+    port: int = Field(8080, ge=0, le=65535)
+    max_body_bytes: int = Field(DEFAULT_MAX_BODY_BYTES, gt=0)
+    """Requests with a larger body are refused with 413 before they are read."""
+    max_text_chars: int = Field(DEFAULT_MAX_TEXT_CHARS, gt=0)
+    """A message with more characters is refused with 400 and never stored."""
+    shutdown_grace_s: float = Field(30.0, ge=0)
+
+
+class DatabaseSettings(_Section):
+    url: str = DEFAULT_DATABASE_URL
+    echo: bool = False
+
+
+class EngineSettings(_Section):
+    kind: Literal["local", "openai"] = "local"
+    model: str = str(DEFAULT_DEMO_MODEL_DIR)
+    """Hugging Face model id or local folder. The default folder is built by ``botctl demo-model``."""
+    tokenizer: str | None = None
+    dtype: str = "auto"
+    max_model_len: int = Field(2048, gt=0)
+    block_size: int = Field(32, gt=0)
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
+    enforce_eager: bool = True
+    seed: int = 0
+    cpu_kvcache_space_gib: int = Field(1, ge=0)
+    """vLLM's ``VLLM_CPU_KVCACHE_SPACE`` on CPU builds; 0 lets vLLM choose."""
+    # Remote engines (kind = "openai").
+    base_urls: list[str] = Field(default_factory=list)
+    api_key: SecretStr | None = None
+    served_model_name: str | None = None
+    request_timeout_s: float = Field(120.0, gt=0)
+
+    @field_validator("block_size")
+    @classmethod
+    def _block_size_multiple_of_16(cls, value: int) -> int:
+        if value % 16:
+            raise ValueError("must be a multiple of 16 (32 on CPU)")
+        return value
+
+
+class GenerationSettings(_Section):
+    max_tokens: int = Field(128, gt=0)
+    temperature: float = Field(0.7, ge=0)
+    top_p: float = Field(0.95, gt=0, le=1)
+
+
+class ChatSettings(_Section):
+    system_prompt: str = DEFAULT_SYSTEM_PROMPT
+
+
+class LoggingSettings(_Section):
+    level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    format: Literal["auto", "json", "console"] = "auto"
+    """auto: JSON lines when stdout is not a terminal, coloured console when it is."""
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="BOT_",
+        env_nested_delimiter="__",
+        extra="forbid",
+    )
+
+    server: ServerSettings = Field(default_factory=ServerSettings)
+    database: DatabaseSettings = Field(default_factory=DatabaseSettings)
+    engine: EngineSettings = Field(default_factory=EngineSettings)
+    generation: GenerationSettings = Field(default_factory=GenerationSettings)
+    chat: ChatSettings = Field(default_factory=ChatSettings)
+    logging: LoggingSettings = Field(default_factory=LoggingSettings)
+    telegram: list[TelegramBotSettings] = Field(default_factory=list)
+    slack: list[SlackAppSettings] = Field(default_factory=list)
+    webhooks: list[WebhookSettings] = Field(default_factory=list)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # The TOML document arrives as init kwargs; the environment wins over it.
+        return (env_settings, init_settings)
+
+
+class ConfigError(Exception):
+    """The configuration is invalid; the message names every bad key."""
+
+
+def _format_validation_error(error: ValidationError, source: str) -> str:
+    lines = [f"invalid configuration ({source}):"]
+    for item in error.errors():
+        key = ".".join(str(part) for part in item["loc"]) or "(root)"
+        lines.append(f"  {key}: {item['msg']}")
+    return "\n".join(lines)
+
+
+def load_settings(path: str | Path | None = None, **overrides: Any) -> Settings:
+    """Load and validate settings from ``path`` (or ``$BOT_CONFIG``) and the environment.
+
+    ``overrides`` are top-level sections given as dicts, applied over the file
+    (tests use this instead of writing files).
+    """
+    path = path or os.environ.get("BOT_CONFIG")
+    document: dict[str, Any] = {}
+    source = "defaults and environment"
+    if path:
+        path = Path(path)
+        source = str(path)
+        try:
+            document = tomllib.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError as exc:
+            raise ConfigError(f"config file not found: {path}") from exc
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {path} is not valid TOML: {exc}") from exc
+    for section, values in overrides.items():
+        if isinstance(values, dict) and isinstance(document.get(section), dict):
+            document[section] = {**document[section], **values}
+        else:
+            document[section] = values
+    try:
+        return Settings(**document)
+    except ValidationError as exc:
+        raise ConfigError(_format_validation_error(exc, source)) from exc

@@ -1,0 +1,111 @@
+"""The aiohttp application: wiring of database, engine, turn service and channels.
+
+Lifetimes live in ``cleanup_ctx``: the database engine, the outbound HTTP
+client, the inference engine (unless the caller owns one, as tests do) and the
+turn service (which resumes queued turns on start and drains on stop).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import aiohttp
+import structlog
+from aiohttp import web
+
+from bot.channels.registry import CHANNEL_SETUPS
+from bot.config import Settings
+from bot.engine.base import InferenceEngine
+from bot.http.keys import (
+    ENGINE,
+    HTTP_CLIENT,
+    REQUEST_RECEIVED_AT,
+    REQUEST_STARTED,
+    SESSIONS,
+    SETTINGS,
+    TURNS,
+)
+from bot.storage.db import create_engine, create_sessionmaker
+from bot.turns.chat_format import ChatFormat, load_tokenizer
+from bot.turns.runner import TurnRunner
+from bot.turns.service import TurnService
+from bot.turns.streams import TurnStreams
+
+log = structlog.get_logger(__name__)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@web.middleware
+async def request_context(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Stamp arrival time and bind a request id to every log line of this request."""
+    request[REQUEST_STARTED] = time.perf_counter()
+    request[REQUEST_RECEIVED_AT] = time.time()
+    structlog.contextvars.clear_contextvars()
+    structlog.contextvars.bind_contextvars(request_id=uuid.uuid4().hex[:16])
+    return await handler(request)
+
+
+def build_engine(settings: Settings) -> InferenceEngine:
+    if settings.engine.kind == "local":
+        from bot.engine.vllm_local import LocalVLLMEngine
+
+        return LocalVLLMEngine(settings.engine)
+    raise NotImplementedError(f"engine.kind = {settings.engine.kind!r} is not available yet")
+
+
+async def create_app(
+    settings: Settings,
+    *,
+    engine: InferenceEngine | None = None,
+    chat_format: ChatFormat | None = None,
+) -> web.Application:
+    """Build the app. Pass ``engine`` to share one already started (its owner stops it)."""
+    app = web.Application(
+        client_max_size=settings.server.max_body_bytes, middlewares=[request_context]
+    )
+    app[SETTINGS] = settings
+    db_engine = create_engine(settings.database.url, echo=settings.database.echo)
+    sessions = create_sessionmaker(db_engine)
+    app[SESSIONS] = sessions
+    owns_engine = engine is None
+    inference = engine if engine is not None else build_engine(settings)
+    app[ENGINE] = inference
+    turns = TurnService(sessions, TurnStreams())
+    app[TURNS] = turns
+    http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30))
+    app[HTTP_CLIENT] = http
+
+    async def lifetime(app: web.Application) -> AsyncIterator[None]:
+        if owns_engine:
+            await inference.start()
+        fmt = chat_format or ChatFormat(
+            load_tokenizer(settings.engine.tokenizer or settings.engine.model),
+            settings.chat.system_prompt,
+        )
+        turns.set_runner(
+            TurnRunner(
+                sessions=sessions,
+                engine=inference,
+                chat_format=fmt,
+                streams=turns.streams,
+                generation=settings.generation,
+                open_reply=turns.open_reply,
+            )
+        )
+        await turns.recover()
+        log.info("service_started", host=settings.server.host, port=settings.server.port)
+        yield
+        cancelled = await turns.shutdown(settings.server.shutdown_grace_s)
+        log.info("service_stopping", cancelled_turns=cancelled)
+        await http.close()
+        if owns_engine:
+            await inference.shutdown()
+        await db_engine.dispose()
+
+    app.cleanup_ctx.append(lifetime)
+    for setup in CHANNEL_SETUPS:
+        setup(app, settings, turns, http)
+    return app

@@ -1,0 +1,40 @@
+"""Reading request bodies within the configured size limit, with JSON errors."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from aiohttp import web
+
+from bot.http.errors import json_error
+
+
+class BodyError(Exception):
+    """The request body is unusable; ``response`` says why (413 or 400)."""
+
+    def __init__(self, response: web.Response) -> None:
+        super().__init__(response.text)
+        self.response = response
+
+
+async def read_body(request: web.Request, limit: int) -> bytes:
+    """The raw body, refused with 413 when larger than ``limit`` (checked before reading)."""
+    if request.content_length is not None and request.content_length > limit:
+        raise BodyError(
+            json_error(413, "too_large", f"body of {request.content_length} bytes exceeds {limit}")
+        )
+    try:
+        return await request.read()
+    except web.HTTPRequestEntityTooLarge as exc:
+        raise BodyError(json_error(413, "too_large", f"body exceeds {limit} bytes")) from exc
+
+
+def parse_json_object(body: bytes) -> dict[str, Any]:
+    try:
+        document = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BodyError(json_error(400, "bad_request", f"body is not valid JSON: {exc}")) from exc
+    if not isinstance(document, dict):
+        raise BodyError(json_error(400, "bad_request", "body must be a JSON object"))
+    return document

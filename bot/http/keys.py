@@ -1,0 +1,21 @@
+"""Typed application state (``web.AppKey``): what request handlers may reach."""
+
+from __future__ import annotations
+
+import aiohttp
+from aiohttp import web
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from bot.config import Settings
+from bot.engine.base import InferenceEngine
+from bot.turns.service import TurnService
+
+SETTINGS = web.AppKey("settings", Settings)
+SESSIONS = web.AppKey("sessions", async_sessionmaker[AsyncSession])
+TURNS = web.AppKey("turns", TurnService)
+ENGINE = web.AppKey("engine", InferenceEngine)
+HTTP_CLIENT = web.AppKey("http_client", aiohttp.ClientSession)
+
+# Per-request values set by the middleware.
+REQUEST_STARTED = "request_started_perf"
+REQUEST_RECEIVED_AT = "request_received_at"

@@ -1,0 +1,186 @@
+"""SQLAlchemy 2.0 models. Alembic (``migrations/``) owns the schema; these must match it.
+
+Every relationship is ``lazy="raise_on_sql"``: async code never lazy-loads by
+accident, queries say what they load.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+    text,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+# Stable constraint names, so migrations can refer to them on every backend.
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+def new_id() -> str:
+    return uuid.uuid4().hex
+
+
+def utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+    type_annotation_map = {
+        dt.datetime: DateTime(timezone=True),
+        dict[str, Any]: JSON,
+    }
+
+
+class ApiKey(Base):
+    """An API key. Only a SHA-256 of the secret part is stored; the prefix identifies it."""
+
+    __tablename__ = "api_keys"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    name: Mapped[str] = mapped_column(String(200))
+    owner: Mapped[str] = mapped_column(String(200))
+    prefix: Mapped[str] = mapped_column(String(32), unique=True)
+    secret_hash: Mapped[str] = mapped_column(String(64))
+    scopes: Mapped[str] = mapped_column(String(200), default="chat")
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    last_used_at: Mapped[dt.datetime | None]
+    expires_at: Mapped[dt.datetime | None]
+    revoked_at: Mapped[dt.datetime | None]
+
+
+class Conversation(Base):
+    """A conversation. (owner, channel, external_key) names the *open* one; ``/new`` closes it."""
+
+    __tablename__ = "conversations"
+    __table_args__ = (
+        Index(
+            "uq_conversations_open_key",
+            "owner",
+            "channel",
+            "external_key",
+            unique=True,
+            sqlite_where=text("closed_at IS NULL"),
+            postgresql_where=text("closed_at IS NULL"),
+        ),
+    )
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    owner: Mapped[str] = mapped_column(String(200))
+    channel: Mapped[str] = mapped_column(String(200))
+    external_key: Mapped[str] = mapped_column(String(400))
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    closed_at: Mapped[dt.datetime | None]
+    next_turn_seq: Mapped[int] = mapped_column(Integer, default=0)
+
+    messages: Mapped[list[Message]] = relationship(
+        back_populates="conversation", lazy="raise_on_sql", order_by="Message.seq"
+    )
+
+
+class Message(Base):
+    """One entry of the token-exact history.
+
+    ``token_ids`` holds exactly the ids this entry appended to the prompt
+    (packed, see ``bot.storage.tokens``): the system prompt's rendering for
+    seq 0, for a user message the closing of the previous assistant turn plus
+    the rendered user turn and generation prompt, for an assistant message
+    the ids the engine generated. The prompt of the next turn is the
+    concatenation of all entries, in order.
+    """
+
+    __tablename__ = "messages"
+    __table_args__ = (UniqueConstraint("conversation_id", "seq"),)
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    conversation_id: Mapped[str] = mapped_column(
+        ForeignKey("conversations.id", ondelete="CASCADE"), index=True
+    )
+    seq: Mapped[int] = mapped_column(Integer)
+    role: Mapped[str] = mapped_column(String(16))
+    text: Mapped[str] = mapped_column(Text)
+    token_ids: Mapped[bytes] = mapped_column(LargeBinary)
+    turn_id: Mapped[str | None] = mapped_column(String(32))
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+
+    conversation: Mapped[Conversation] = relationship(
+        back_populates="messages", lazy="raise_on_sql"
+    )
+
+
+class InboundEvent(Base):
+    """Every accepted inbound delivery; the unique (channel, event_id) makes redeliveries no-ops."""
+
+    __tablename__ = "inbound_events"
+    __table_args__ = (UniqueConstraint("channel", "event_id"),)
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    channel: Mapped[str] = mapped_column(String(200))
+    event_id: Mapped[str] = mapped_column(String(400))
+    conversation_id: Mapped[str | None] = mapped_column(
+        ForeignKey("conversations.id", ondelete="CASCADE"), index=True
+    )
+    turn_id: Mapped[str | None] = mapped_column(String(32))
+    received_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+
+
+class Turn(Base):
+    """One user message and the reply to it: status, usage, timings, error."""
+
+    __tablename__ = "turns"
+    __table_args__ = (
+        UniqueConstraint("conversation_id", "seq"),
+        Index("ix_turns_status", "status"),
+    )
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    conversation_id: Mapped[str] = mapped_column(
+        ForeignKey("conversations.id", ondelete="CASCADE"), index=True
+    )
+    seq: Mapped[int] = mapped_column(Integer)
+    channel: Mapped[str] = mapped_column(String(200))
+    reply_to: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    user_id: Mapped[str | None] = mapped_column(String(200))
+    user_name: Mapped[str | None] = mapped_column(String(200))
+    user_text: Mapped[str] = mapped_column(Text)
+    status: Mapped[str] = mapped_column(String(16), default="queued")
+    reply_text: Mapped[str | None] = mapped_column(Text)
+    error_class: Mapped[str | None] = mapped_column(String(32))
+    error_message: Mapped[str | None] = mapped_column(Text)
+    prompt_tokens: Mapped[int | None]
+    cached_tokens: Mapped[int | None]
+    completion_tokens: Mapped[int | None]
+    finish_reason: Mapped[str | None] = mapped_column(String(32))
+    layer_ms: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    started_at: Mapped[dt.datetime | None]
+    finished_at: Mapped[dt.datetime | None]
+
+
+class TurnStatus:
+    QUEUED = "queued"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+    FINAL = frozenset({DONE, FAILED})

@@ -1,0 +1,288 @@
+"""Runs one turn: history -> prompt ids -> engine -> streamed reply -> stored history.
+
+Knows nothing of HTTP or of any platform: replies go out through the
+``ReplySink`` the turn's channel opens, and to SSE readers through
+``TurnStreams``. Every turn ends with exactly one canonical ``turn`` log line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from bot.channels.base import ReplySink, TurnAddress
+from bot.config import GenerationSettings
+from bot.engine.base import GenerationChunk, GenerationRequest, InferenceEngine
+from bot.errors import USER_MESSAGES, BotError, ContextOverflow, ErrorClass
+from bot.storage.models import Message, Turn, TurnStatus, utcnow
+from bot.storage.queries import as_utc, load_history
+from bot.storage.tokens import pack_token_ids
+from bot.turns.chat_format import ChatFormat, user_content
+from bot.turns.streams import TurnStreams
+from bot.turns.timing import LayerClock
+
+log = structlog.get_logger("bot.turn")
+
+OpenReply = Callable[[TurnAddress], ReplySink]
+
+
+@dataclass
+class _Progress:
+    """What a turn has produced so far; kept so a failure can record it."""
+
+    text: str = ""
+    generated: list[int] = field(default_factory=list)
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
+    first_token_at: float | None = None
+    finish_reason: str | None = None
+
+
+class TurnRunner:
+    def __init__(
+        self,
+        *,
+        sessions: async_sessionmaker[AsyncSession],
+        engine: InferenceEngine,
+        chat_format: ChatFormat,
+        streams: TurnStreams,
+        generation: GenerationSettings,
+        open_reply: OpenReply,
+    ) -> None:
+        self._sessions = sessions
+        self._engine = engine
+        self._chat_format = chat_format
+        self._streams = streams
+        self._generation = generation
+        self._open_reply = open_reply
+
+    async def run(self, turn_id: str, *, persist_ms: float | None = None) -> None:
+        """Run a queued turn to its end (done or failed). Never raises for turn failures."""
+        async with self._sessions() as session:
+            turn = await session.get(Turn, turn_id)
+            if turn is None or turn.status != TurnStatus.QUEUED:
+                return
+            turn.status = TurnStatus.RUNNING
+            turn.started_at = utcnow()
+            await session.commit()
+
+        clock = LayerClock(turn.layer_ms)
+        if persist_ms is not None:
+            clock.layer_ms["persist"] = persist_ms
+        received_at = as_utc(turn.created_at).timestamp()
+        ingress_side = clock.layer_ms["ingress"] + clock.layer_ms["auth"] + clock.layer_ms["persist"]
+        started_at = as_utc(turn.started_at or utcnow()).timestamp()
+        clock.layer_ms["wait"] = max(0.0, (started_at - received_at) * 1000 - ingress_side)
+
+        structlog.contextvars.bind_contextvars(turn_id=turn.id, conversation_id=turn.conversation_id)
+        self._streams.open(turn.id)
+        sink = self._open_reply(
+            TurnAddress(turn.id, turn.conversation_id, turn.channel, dict(turn.reply_to))
+        )
+        progress = _Progress()
+        try:
+            await self._generate(turn, sink, clock, progress)
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if current is not None:
+                current.uncancel()
+            await self._fail(turn, sink, clock, progress, received_at, ErrorClass.CANCELLED, "cancelled")
+        except BotError as exc:
+            await self._fail(turn, sink, clock, progress, received_at, exc.error_class, exc.message, exc.hint)
+        except Exception as exc:
+            log.exception("turn_crashed")
+            await self._fail(
+                turn, sink, clock, progress, received_at, ErrorClass.INTERNAL, f"{type(exc).__name__}: {exc}"
+            )
+        else:
+            await self._succeed(turn, clock, progress, received_at)
+        finally:
+            structlog.contextvars.unbind_contextvars("turn_id", "conversation_id")
+
+    async def _generate(
+        self, turn: Turn, sink: ReplySink, clock: LayerClock, progress: _Progress
+    ) -> None:
+        with clock.measure("deliver"):
+            await sink.start()
+        with clock.measure("history"):
+            async with self._sessions() as session:
+                history = await load_history(session, turn.conversation_id)
+        with clock.measure("tokenize"):
+            content = user_content(turn.user_text, turn.user_name)
+            if history.prompt_ids:
+                user = self._chat_format.next_turn(history.last_assistant_ids, content)
+            else:
+                user = self._chat_format.first_turn(content)
+            prompt = history.prompt_ids + user.token_ids
+        progress.prompt_tokens = len(prompt)
+        max_tokens = self._generation.max_tokens
+        if len(prompt) + max_tokens > self._engine.max_model_len:
+            raise ContextOverflow(len(prompt), max_tokens, self._engine.max_model_len)
+
+        request = GenerationRequest(
+            request_id=turn.id,
+            prompt_token_ids=prompt,
+            max_tokens=max_tokens,
+            temperature=self._generation.temperature,
+            top_p=self._generation.top_p,
+            session_key=turn.conversation_id,
+        )
+        final: GenerationChunk | None = None
+        async for chunk in self._engine.generate(request):
+            progress.generated.extend(chunk.token_ids)
+            if chunk.text:
+                if progress.first_token_at is None:
+                    progress.first_token_at = time.time()
+                progress.text += chunk.text
+                with clock.measure("deliver"):
+                    await self._streams.append(turn.id, chunk.text)
+                    await sink.delta(progress.text)
+            if chunk.cached_tokens is not None:
+                progress.cached_tokens = chunk.cached_tokens
+            if chunk.finished:
+                final = chunk
+        if final is None:
+            raise BotError(ErrorClass.UPSTREAM_PROTOCOL, "the engine stream ended without a final chunk")
+        progress.finish_reason = final.finish_reason
+        if final.timings is not None:
+            clock.add("queue", final.timings.queue_ms)
+            clock.add("prefill", final.timings.prefill_ms)
+            clock.add("decode", final.timings.decode_ms)
+        with clock.measure("deliver"):
+            await sink.finish(progress.text)
+
+        # The reply is out: append both entries to the token-exact history.
+        with clock.measure("history"):
+            async with self._sessions() as session, session.begin():
+                session.add_all(
+                    [
+                        Message(
+                            conversation_id=turn.conversation_id,
+                            seq=history.next_seq,
+                            role="user",
+                            text=user.content,
+                            token_ids=pack_token_ids(user.token_ids),
+                            turn_id=turn.id,
+                        ),
+                        Message(
+                            conversation_id=turn.conversation_id,
+                            seq=history.next_seq + 1,
+                            role="assistant",
+                            text=progress.text,
+                            token_ids=pack_token_ids(progress.generated),
+                            turn_id=turn.id,
+                        ),
+                    ]
+                )
+
+    def _usage(self, progress: _Progress) -> dict[str, int | None]:
+        prompt = progress.prompt_tokens
+        cached = progress.cached_tokens
+        return {
+            "prompt_tokens": prompt,
+            "cached_tokens": cached,
+            "new_tokens": prompt - cached if prompt is not None and cached is not None else None,
+            "completion_tokens": len(progress.generated),
+        }
+
+    def _timings(self, clock: LayerClock, progress: _Progress, received_at: float) -> dict[str, Any]:
+        now = time.time()
+        ttft = (progress.first_token_at - received_at) * 1000 if progress.first_token_at else None
+        return {
+            "layer_ms": clock.rounded(),
+            "ttft_ms": round(ttft, 3) if ttft is not None else None,
+            "e2e_ms": round((now - received_at) * 1000, 3),
+        }
+
+    async def _store_end(
+        self, turn: Turn, status: str, progress: _Progress, timings: dict[str, Any], **fields: Any
+    ) -> None:
+        async with self._sessions() as session, session.begin():
+            row = await session.get(Turn, turn.id)
+            if row is None:  # deleted meanwhile (right to be forgotten)
+                return
+            row.status = status
+            row.reply_text = progress.text
+            row.prompt_tokens = progress.prompt_tokens
+            row.cached_tokens = progress.cached_tokens
+            row.completion_tokens = len(progress.generated)
+            row.finish_reason = progress.finish_reason
+            row.layer_ms = {**timings["layer_ms"], "ttft": timings["ttft_ms"], "e2e": timings["e2e_ms"]}
+            row.finished_at = dt.datetime.now(dt.UTC)
+            for name, value in fields.items():
+                setattr(row, name, value)
+
+    async def _succeed(
+        self, turn: Turn, clock: LayerClock, progress: _Progress, received_at: float
+    ) -> None:
+        timings = self._timings(clock, progress, received_at)
+        await self._store_end(turn, TurnStatus.DONE, progress, timings)
+        usage = self._usage(progress)
+        await self._streams.close(
+            turn.id,
+            "done",
+            {
+                "turn_id": turn.id,
+                "text": progress.text,
+                "usage": usage,
+                "finish_reason": progress.finish_reason,
+                "timings_ms": {**timings["layer_ms"], "ttft": timings["ttft_ms"], "e2e": timings["e2e_ms"]},
+            },
+        )
+        log.info(
+            "turn",
+            status=TurnStatus.DONE,
+            channel=turn.channel,
+            finish_reason=progress.finish_reason,
+            **usage,
+            **timings,
+        )
+
+    async def _fail(
+        self,
+        turn: Turn,
+        sink: ReplySink,
+        clock: LayerClock,
+        progress: _Progress,
+        received_at: float,
+        error_class: ErrorClass,
+        message: str,
+        hint: str | None = None,
+    ) -> None:
+        user_message = USER_MESSAGES[error_class]
+        try:
+            with clock.measure("deliver"):
+                await sink.fail(error_class, user_message)
+        except Exception as exc:  # the apology itself could not be delivered
+            log.warning("apology_not_delivered", error=f"{type(exc).__name__}: {exc}")
+        timings = self._timings(clock, progress, received_at)
+        await self._store_end(
+            turn,
+            TurnStatus.FAILED,
+            progress,
+            timings,
+            error_class=error_class.value,
+            error_message=message,
+        )
+        await self._streams.close(
+            turn.id,
+            "error",
+            {"turn_id": turn.id, "error_class": error_class.value, "message": user_message},
+        )
+        log.info(
+            "turn",
+            status=TurnStatus.FAILED,
+            channel=turn.channel,
+            error_class=error_class.value,
+            error=message,
+            hint=hint,
+            **self._usage(progress),
+            **timings,
+        )

@@ -1,0 +1,286 @@
+"""Accepts inbound messages as turns and runs them: in order per conversation, concurrently across.
+
+``accept`` stores the inbound event and a queued turn in one transaction and
+returns at once; a per-conversation worker task then runs the conversation's
+queued turns one after another, so a message always waits for the reply to
+the one before it, while different conversations run side by side (and vLLM
+batches them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import json
+import time
+from dataclasses import dataclass
+
+import structlog
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from bot.channels.base import Channel, InboundMessage, ReplySink, TurnAddress
+from bot.errors import ErrorClass
+from bot.storage import queries
+from bot.storage.models import InboundEvent, Turn, TurnStatus
+from bot.turns.streams import TurnStreams
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class Accepted:
+    turn_id: str
+    conversation_id: str
+    duplicate: bool
+
+
+class UnknownChannel(Exception):
+    pass
+
+
+def api_event_id(owner: str, conversation_key: str, message_id: str) -> str:
+    """Dedupe key of an HTTP API message: unique per owner, conversation and message id."""
+    return json.dumps([owner, conversation_key, message_id], separators=(",", ":"))
+
+
+class TurnService:
+    def __init__(
+        self,
+        sessions: async_sessionmaker[AsyncSession],
+        streams: TurnStreams,
+    ) -> None:
+        self._sessions = sessions
+        self.streams = streams
+        self._channels: dict[str, Channel] = {}
+        self._runner: TurnRunnerLike | None = None
+        self._workers: dict[str, asyncio.Task[None]] = {}
+        self._dirty: set[str] = set()
+        self._active: dict[str, tuple[str, asyncio.Task[None]]] = {}
+        self._persist_ms: dict[str, float] = {}
+        self._accepting = True
+
+    # -- wiring ------------------------------------------------------------------------
+
+    def register_channel(self, channel: Channel) -> None:
+        self._channels[channel.name] = channel
+
+    def set_runner(self, runner: TurnRunnerLike) -> None:
+        self._runner = runner
+
+    def open_reply(self, address: TurnAddress) -> ReplySink:
+        name = address.channel.split(":", 1)[0]
+        channel = self._channels.get(address.channel) or self._channels.get(name)
+        if channel is None:
+            raise UnknownChannel(f"no channel registered for {address.channel!r}")
+        return channel.open_reply(address)
+
+    # -- inbound -----------------------------------------------------------------------
+
+    async def accept(self, message: InboundMessage) -> Accepted:
+        """Store the message as a queued turn (deduplicated) and schedule it."""
+        started = time.perf_counter()
+        existing = await self._find_duplicate(message)
+        if existing is not None:
+            return existing
+        try:
+            async with self._sessions() as session, session.begin():
+                conversation = await queries.open_conversation(
+                    session,
+                    owner=message.owner,
+                    channel=message.channel,
+                    external_key=message.conversation_key,
+                )
+                seq = await queries.allocate_turn_seq(session, conversation.id)
+                turn = Turn(
+                    conversation_id=conversation.id,
+                    seq=seq,
+                    channel=message.channel,
+                    reply_to=dict(message.reply_to),
+                    user_id=message.user_id,
+                    user_name=message.user_name,
+                    user_text=message.text,
+                    status=TurnStatus.QUEUED,
+                    layer_ms=dict(message.layer_ms),
+                    created_at=dt.datetime.fromtimestamp(message.received_at, dt.UTC),
+                )
+                session.add(turn)
+                await session.flush()
+                session.add(
+                    InboundEvent(
+                        channel=message.channel,
+                        event_id=message.event_id,
+                        conversation_id=conversation.id,
+                        turn_id=turn.id,
+                    )
+                )
+        except IntegrityError:
+            # The same delivery raced us (platform retry, second worker): theirs won.
+            existing = await self._find_duplicate(message)
+            if existing is None:
+                raise
+            return existing
+        self._persist_ms[turn.id] = (time.perf_counter() - started) * 1000
+        self.streams.open(turn.id)
+        self.schedule(conversation.id)
+        return Accepted(turn.id, conversation.id, duplicate=False)
+
+    async def _find_duplicate(self, message: InboundMessage) -> Accepted | None:
+        async with self._sessions() as session:
+            event = await queries.find_event(session, message.channel, message.event_id)
+        if event is None:
+            return None
+        log.info("duplicate_delivery", channel=message.channel, event_id=message.event_id)
+        return Accepted(event.turn_id or "", event.conversation_id or "", duplicate=True)
+
+    async def new_conversation(self, *, channel: str, owner: str, conversation_key: str) -> None:
+        """Close the open conversation for this key; the next message starts a fresh history."""
+        async with self._sessions() as session, session.begin():
+            await queries.close_conversation(
+                session, owner=owner, channel=channel, external_key=conversation_key
+            )
+
+    async def cancel_active(self, *, channel: str, owner: str, conversation_key: str) -> bool:
+        """Stop the reply being generated in this conversation, if any."""
+        async with self._sessions() as session:
+            conversation = await queries.open_conversation(
+                session, owner=owner, channel=channel, external_key=conversation_key
+            )
+            await session.commit()
+        active = self._active.get(conversation.id)
+        if active is None:
+            return False
+        active[1].cancel()
+        return True
+
+    async def cancel_turn(self, turn_id: str) -> bool:
+        """Cancel one turn: a running one is stopped, a queued one never runs."""
+        for running_id, task in self._active.values():
+            if running_id == turn_id:
+                task.cancel()
+                return True
+        async with self._sessions() as session, session.begin():
+            turn = await session.get(Turn, turn_id)
+            if turn is None or turn.status != TurnStatus.QUEUED:
+                return False
+            turn.status = TurnStatus.FAILED
+            turn.error_class = ErrorClass.CANCELLED.value
+            turn.error_message = "cancelled before it started"
+            turn.finished_at = dt.datetime.now(dt.UTC)
+        await self.streams.close(
+            turn_id,
+            "error",
+            {"turn_id": turn_id, "error_class": ErrorClass.CANCELLED.value, "message": "Stopped."},
+        )
+        return True
+
+    # -- scheduling --------------------------------------------------------------------
+
+    def schedule(self, conversation_id: str) -> None:
+        if not self._accepting:
+            return
+        self._dirty.add(conversation_id)
+        if conversation_id not in self._workers:
+            task = asyncio.create_task(self._work(conversation_id), name=f"conv-{conversation_id}")
+            self._workers[conversation_id] = task
+
+    async def _work(self, conversation_id: str) -> None:
+        """Run the conversation's queued turns in order until none is left."""
+        # The worker outlives the request that started it: do not log under its request id.
+        structlog.contextvars.clear_contextvars()
+        runner = self._runner
+        assert runner is not None, "set_runner() before accepting turns"
+        try:
+            while True:
+                self._dirty.discard(conversation_id)
+                while True:
+                    async with self._sessions() as session:
+                        turn = await queries.next_queued_turn(session, conversation_id)
+                    if turn is None:
+                        break
+                    task = asyncio.create_task(
+                        runner.run(turn.id, persist_ms=self._persist_ms.pop(turn.id, None))
+                    )
+                    self._active[conversation_id] = (turn.id, task)
+                    try:
+                        # A cancelled turn ends its own task; the worker goes on.
+                        await asyncio.shield(task)
+                    finally:
+                        self._active.pop(conversation_id, None)
+                # No await between this check and the removal: a concurrent
+                # schedule() either saw this worker or will start a new one.
+                if conversation_id not in self._dirty:
+                    return
+        finally:
+            self._workers.pop(conversation_id, None)
+
+    async def recover(self) -> None:
+        """At start-up: resume queued turns; fail turns a previous run left half-done."""
+        async with self._sessions() as session:
+            running = await queries.turns_with_status(session, TurnStatus.RUNNING)
+            queued = await queries.turns_with_status(session, TurnStatus.QUEUED)
+        for turn in running:
+            await self._fail_interrupted(turn)
+        for conversation_id in dict.fromkeys(turn.conversation_id for turn in queued):
+            self.schedule(conversation_id)
+
+    async def _fail_interrupted(self, turn: Turn) -> None:
+        message = "interrupted: the service stopped while this turn was running"
+        async with self._sessions() as session, session.begin():
+            row = await session.get(Turn, turn.id)
+            if row is None or row.status != TurnStatus.RUNNING:
+                return
+            row.status = TurnStatus.FAILED
+            row.error_class = ErrorClass.INTERNAL.value
+            row.error_message = message
+            row.finished_at = dt.datetime.now(dt.UTC)
+        try:
+            sink = self.open_reply(
+                TurnAddress(turn.id, turn.conversation_id, turn.channel, dict(turn.reply_to))
+            )
+            await sink.fail(ErrorClass.INTERNAL, "Sorry, I was restarted while answering. Please ask again.")
+        except Exception as exc:
+            log.warning("apology_not_delivered", turn_id=turn.id, error=str(exc))
+        log.info("turn", turn_id=turn.id, status=TurnStatus.FAILED, error_class="internal", error=message)
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._active)
+
+    async def wait_idle(self, timeout: float | None = None) -> None:
+        """Wait until every scheduled turn has finished (tests, graceful shutdown)."""
+        async with asyncio.timeout(timeout):
+            while self._workers:
+                await asyncio.gather(*list(self._workers.values()), return_exceptions=True)
+
+    async def shutdown(self, grace_s: float) -> int:
+        """Stop scheduling; let running turns finish within ``grace_s``, cancel the rest.
+
+        Returns how many running turns were cancelled. Queued turns stay queued
+        and are resumed by the next start (``recover``).
+        """
+        self._accepting = False
+        workers = list(self._workers.values())
+        if not workers:
+            return 0
+        _, pending = await asyncio.wait(workers, timeout=grace_s)
+        cancelled = 0
+        for _, task in list(self._active.values()):
+            if not task.done():
+                task.cancel()
+                cancelled += 1
+        for worker in pending:
+            worker.cancel()
+        await asyncio.gather(*workers, return_exceptions=True)
+        for _, task in list(self._active.values()):
+            await asyncio.gather(task, return_exceptions=True)
+        return cancelled
+
+
+class TurnRunnerLike:
+    """The runner as the service uses it (``bot.turns.runner.TurnRunner``)."""
+
+    async def run(self, turn_id: str, *, persist_ms: float | None = None) -> None:
+        raise NotImplementedError
