@@ -31,6 +31,7 @@ _QUOTE = re.compile(r"^\s{0,3}>\s?(.*)$")
 _RULE = re.compile(r"^\s{0,3}([-*_])(\s*\1){2,}\s*$")
 _INLINE_CODE = re.compile(r"(`+)(.+?)\1")
 _LINK = re.compile(r"!?\[([^\]\n]+)\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+_BOLD_ITALIC = re.compile(r"\*\*\*(?=\S)(.+?)(?<=\S)\*\*\*")
 _BOLD = re.compile(r"(\*\*|__)(?=\S)(.+?)(?<=\S)\1")
 _ITALIC_STAR = re.compile(r"(?<![*\w])\*(?=[^\s*])(.+?)(?<=[^\s*])\*(?![*\w])")
 _STRIKE = re.compile(r"~~(?=\S)(.+?)(?<=\S)~~")
@@ -55,6 +56,7 @@ def _inline(text: str) -> str:
 
     text = _LINK.sub(keep_link, text)
     text = escape(text)
+    text = _BOLD_ITALIC.sub(lambda m: f"{_BOLD_MARK}_{m.group(1)}_{_BOLD_MARK}", text)
     text = _BOLD.sub(lambda m: f"{_BOLD_MARK}{m.group(2)}{_BOLD_MARK}", text)
     text = _ITALIC_STAR.sub(r"_\1_", text)
     text = _STRIKE.sub(r"~\1~", text)
@@ -79,7 +81,8 @@ def _block_line(line: str) -> str:
         return "──────────"
     heading = _HEADING.match(line)
     if heading:
-        inner = _line(heading.group(1)).strip("*")
+        # The whole heading is bold already; bold inside it would toggle it off.
+        inner = _line(_BOLD.sub(r"\2", heading.group(1))).strip("*")
         return f"*{inner}*" if inner else ""
     quote = _QUOTE.match(line)
     if quote:

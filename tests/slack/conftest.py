@@ -1,0 +1,71 @@
+"""Slack test helpers: the fake Web API on loopback and channels wired to it."""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from bot.channels.slack.channel import SlackChannel
+from bot.channels.slack.settings import SlackAppSettings
+from tests.fakes.slack_api import FakeSlackApi
+
+FIXTURES = Path(__file__).parent.parent / "fixtures" / "slack"
+TOKEN = "xoxb-test-0001"
+TEAM = "T0001TEAM"
+APP_ID = "A0001APP"
+BOT_USER = "UBOT0001"
+SIGNING_SECRET = "8f742231b10e8888abcd99yyyzzz85a5"
+
+
+def load_fixture(name: str) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((FIXTURES / f"{name}.json").read_text())
+    return copy.deepcopy(data)
+
+
+@pytest.fixture
+async def slack_api() -> AsyncIterator[FakeSlackApi]:
+    fake = FakeSlackApi()
+    fake.add_workspace(TOKEN, TEAM, bot_user_id=BOT_USER)
+    fake.add_user(TEAM, "U0001ALICE", display_name="Alice", real_name="Alice Liddell")
+    fake.add_user(TEAM, "U0002BOB", display_name="Bob")
+    await fake.start()
+    yield fake
+    await fake.close()
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession() as session:
+        yield session
+
+
+def app_settings(base_url: str, **overrides: Any) -> SlackAppSettings:
+    values: dict[str, Any] = {
+        "name": "main",
+        "signing_secret": SIGNING_SECRET,
+        "bot_token": TOKEN,
+        "api_base_url": base_url,
+        "app_id": APP_ID,
+        "stream_interval_s": 0.05,
+        "update_interval_s": 0.05,
+        "post_interval_s": 0.05,
+        **overrides,
+    }
+    return SlackAppSettings(**values)
+
+
+MakeChannel = Callable[..., SlackChannel]
+
+
+@pytest.fixture
+def make_channel(slack_api: FakeSlackApi, http: aiohttp.ClientSession) -> MakeChannel:
+    def factory(**overrides: Any) -> SlackChannel:
+        return SlackChannel(app_settings(slack_api.base_url, **overrides), http)
+
+    return factory

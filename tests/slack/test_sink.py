@@ -1,0 +1,314 @@
+"""The Slack reply sink against the strict fake Web API, through the real slack_sdk client."""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+import pytest
+
+from bot.channels.base import TurnAddress
+from bot.channels.slack.channel import SlackChannel
+from bot.channels.slack.chunks import split
+from bot.channels.slack.mrkdwn import markdown_to_mrkdwn
+from bot.channels.slack.sink import SlackReplySink
+from bot.errors import DeliveryError, ErrorClass
+from tests.fakes.slack_api import FakeSlackApi
+from tests.slack.conftest import BOT_USER, TEAM, TOKEN, MakeChannel, app_settings
+
+CHANNEL = "C0001CHAN"
+DM = "D0001DM"
+THREAD = "1700000001.000100"
+
+
+def address(
+    channel: str = CHANNEL, *, thread_ts: str | None = THREAD, dm: bool = False
+) -> TurnAddress:
+    return TurnAddress(
+        turn_id="turn-1",
+        conversation_id="conv-1",
+        channel="slack:main",
+        reply_to={
+            "team_id": TEAM,
+            "channel_id": channel,
+            "thread_ts": thread_ts,
+            "message_ts": thread_ts or "1700000100.000300",
+            "user_id": "U0001ALICE",
+            "is_dm": dm,
+        },
+    )
+
+
+def open_sink(channel: SlackChannel, addr: TurnAddress | None = None) -> SlackReplySink:
+    sink = channel.open_reply(addr or address())
+    assert isinstance(sink, SlackReplySink)
+    return sink
+
+
+async def play(sink: SlackReplySink, text: str, *, step: int = 7, pause: float = 0.005) -> None:
+    """Feed ``text`` as an engine would: cumulative deltas, then finish."""
+    await sink.start()
+    for end in range(step, len(text), step):
+        await sink.delta(text[:end])
+        await asyncio.sleep(pause)
+    await sink.finish(text)
+
+
+REPLY = "A **river** is a natural stream of water. It flows to the sea, a lake or another river."
+
+
+async def test_stream_mode_streams_markdown_into_the_thread(
+    slack_api: FakeSlackApi, make_channel: MakeChannel
+) -> None:
+    sink = open_sink(make_channel(streaming="stream"))
+    await play(sink, REPLY)
+    [message] = slack_api.thread(CHANNEL, THREAD)
+    assert message.via == "stream" and not message.streaming
+    assert message.text == REPLY
+    start = slack_api.calls_to("chat.startStream")[0]
+    assert (
+        start.args["recipient_team_id"] == TEAM and start.args["recipient_user_id"] == "U0001ALICE"
+    )
+    assert message.appends >= 1
+    assert all(c.ok for c in slack_api.calls)
+
+
+async def test_update_mode_posts_then_edits_in_mrkdwn(
+    slack_api: FakeSlackApi, make_channel: MakeChannel
+) -> None:
+    sink = open_sink(make_channel(streaming="update"))
+    await play(sink, REPLY)
+    [message] = slack_api.thread(CHANNEL, THREAD)
+    assert message.via == "post"
+    assert message.text == markdown_to_mrkdwn(REPLY)
+    assert message.edits >= 1
+    assert slack_api.unchanged_updates == 0
+    assert not slack_api.calls_to("chat.startStream")
+
+
+async def test_dm_update_replies_top_level_and_stream_replies_in_a_thread(
+    slack_api: FakeSlackApi, make_channel: MakeChannel
+) -> None:
+    dm = address(DM, thread_ts=None, dm=True)
+    await play(open_sink(make_channel(streaming="update"), dm), "hello there")
+    assert slack_api.thread_text(DM, None) == ["hello there"]
+    await play(open_sink(make_channel(streaming="stream"), dm), "streamed hello")
+    assert slack_api.thread_text(DM, "1700000100.000300") == ["streamed hello"]
+    # DMs need no recipient ids, but sending them is harmless and the fake accepts both.
+    assert slack_api.calls_to("chat.startStream", ok=True)
+
+
+async def test_auto_falls_back_when_the_workspace_cannot_stream(
+    slack_api: FakeSlackApi, make_channel: MakeChannel
+) -> None:
+    slack_api.workspaces[TOKEN].streaming = False
+    channel = make_channel(streaming="auto")
+    await play(open_sink(channel), REPLY)
+    assert slack_api.thread_text(CHANNEL, THREAD) == [markdown_to_mrkdwn(REPLY)]
+    assert [c.response["error"] for c in slack_api.calls_to("chat.startStream")] == [
+        "unknown_method"
+    ]
+    # Learnt for the workspace: the next reply does not try again.
+    second = address(thread_ts="1700000002.000100")
+    await play(open_sink(channel, second), "second")
+    assert len(slack_api.calls_to("chat.startStream")) == 1
+    assert slack_api.thread_text(CHANNEL, "1700000002.000100") == ["second"]
+
+
+async def test_long_update_reply_continues_in_further_messages(
+    slack_api: FakeSlackApi, make_channel: MakeChannel
+) -> None:
+    text = "\n\n".join(f"Paragraph {i}: " + "lorem ipsum dolor sit amet " * 20 for i in range(20))
+    sink = open_sink(make_channel(streaming="update", max_message_chars=4000))
+    await play(sink, text, step=400)
+    shown = slack_api.thread_text(CHANNEL, THREAD)
+    assert len(shown) == len(text) // 4000 + 1 or len(shown) == len(text) // 4000 + 2
+    assert all(0 < len(part) <= 4000 for part in shown)
+    # Plain prose: mrkdwn leaves it unchanged; each message is trimmed at the cut.
+    assert shown == [piece.rstrip() for piece in split(text, 4000)]
+    assert slack_api.unchanged_updates == 0
+
+
+async def test_long_stream_reply_respects_the_per_call_limit(
+    slack_api: FakeSlackApi, make_channel: MakeChannel
+) -> None:
+    text = "word " * 6000  # 30,000 characters
+    sink = open_sink(make_channel(streaming="stream", max_message_chars=40_000))
+    await sink.start()
+    await sink.delta(text[:25_000])  # one delta larger than a stream call may carry
+    await sink.finish(text)
+    [message] = slack_api.thread(CHANNEL, THREAD)
+    assert message.text == text
+    for call in slack_api.calls:
+        assert len(call.args.get("markdown_text") or "") <= 12_000
+    assert all(c.ok for c in slack_api.calls)
+
+
+async def test_long_stream_reply_is_split_into_messages(
+    slack_api: FakeSlackApi, make_channel: MakeChannel
+) -> None:
+    text = "```\n" + "\n".join(f"row {i}" for i in range(300)) + "\n```\nDone."
+    sink = open_sink(make_channel(streaming="stream", max_message_chars=500))
+    await play(sink, text, step=50)
+    shown = slack_api.thread(CHANNEL, THREAD)
+    assert len(shown) > 3
+    assert all(not m.streaming and len(m.text) <= 500 for m in shown)
+    assert all(m.text.count("```") % 2 == 0 for m in shown)
+    assert shown[-1].text.endswith("Done.")
+
+
+async def test_429_is_waited_out_and_the_final_text_still_lands(
+    slack_api: FakeSlackApi, make_channel: MakeChannel
+) -> None:
+    slack_api.intervals["chat.update"] = 0.3
+    sink = open_sink(make_channel(streaming="update", update_interval_s=0.01))
+    await play(sink, REPLY, step=3, pause=0.01)
+    assert slack_api.thread_text(CHANNEL, THREAD) == [markdown_to_mrkdwn(REPLY)]
+    limited = [c for c in slack_api.calls if c.status == 429]
+    assert limited, "the test should have provoked a 429"
+    assert slack_api.violations == 0, "a call went out before Retry-After had passed"
+    assert sink.describe()["rate_waited_s"] >= 1.0
+
+
+async def test_rate_limit_past_the_budget_gives_up_as_rate_limited(
+    slack_api: FakeSlackApi, make_channel: MakeChannel
+) -> None:
+    slack_api.fail("chat.postMessage", "ratelimited", times=5, retry_after=1)
+    sink = open_sink(make_channel(streaming="update", max_retry_wait_s=1.5))
+    with pytest.raises(DeliveryError) as raised:
+        await play(sink, "hi there")
+    assert raised.value.error_class is ErrorClass.RATE_LIMITED
+
+
+@pytest.mark.parametrize(
+    ("error", "error_class"),
+    [
+        ("invalid_auth", ErrorClass.AUTH),
+        ("token_revoked", ErrorClass.AUTH),
+        ("account_inactive", ErrorClass.AUTH),
+        ("channel_not_found", ErrorClass.DELIVERY),
+        ("not_in_channel", ErrorClass.DELIVERY),
+        ("msg_too_long", ErrorClass.DELIVERY),
+    ],
+)
+async def test_platform_errors_map_to_error_classes(
+    slack_api: FakeSlackApi, make_channel: MakeChannel, error: str, error_class: ErrorClass
+) -> None:
+    slack_api.fail("chat.postMessage", error)
+    sink = open_sink(make_channel(streaming="update"))
+    with pytest.raises(DeliveryError) as raised:
+        await play(sink, "hello")
+    assert raised.value.error_class is error_class
+
+
+async def test_revoked_token_gets_no_apology_attempt(
+    slack_api: FakeSlackApi, make_channel: MakeChannel
+) -> None:
+    slack_api.revoke(TOKEN)
+    sink = open_sink(make_channel(streaming="stream"))
+    with pytest.raises(DeliveryError) as raised:
+        await play(sink, "hello")
+    assert raised.value.error_class is ErrorClass.AUTH
+    calls = len(slack_api.calls)
+    await sink.fail(ErrorClass.AUTH, "Sorry")
+    assert len(slack_api.calls) == calls
+
+
+async def test_missing_channel_gets_no_apology_attempt(
+    slack_api: FakeSlackApi, make_channel: MakeChannel
+) -> None:
+    slack_api.channel_errors[CHANNEL] = "channel_not_found"
+    sink = open_sink(make_channel(streaming="update"))
+    with pytest.raises(DeliveryError):
+        await play(sink, "hello")
+    calls = len(slack_api.calls)
+    await sink.fail(ErrorClass.DELIVERY, "Sorry")
+    assert len(slack_api.calls) == calls
+
+
+async def test_failure_mid_stream_ends_the_stream_with_an_apology(
+    slack_api: FakeSlackApi, make_channel: MakeChannel
+) -> None:
+    sink = open_sink(make_channel(streaming="stream"))
+    await sink.start()
+    await sink.delta("The answer is")
+    await asyncio.sleep(0.2)
+    await sink.fail(ErrorClass.ENGINE_UNAVAILABLE, "Sorry, the assistant is unavailable right now.")
+    [message] = slack_api.thread(CHANNEL, THREAD)
+    assert message.text == "The answer is\n\n_Sorry, the assistant is unavailable right now._"
+    assert not message.streaming
+
+
+async def test_failure_before_any_text_posts_the_apology(
+    slack_api: FakeSlackApi, make_channel: MakeChannel
+) -> None:
+    sink = open_sink(make_channel(streaming="update"))
+    await sink.start()
+    await sink.fail(ErrorClass.TIMEOUT, "Sorry, the assistant took too long to answer.")
+    assert slack_api.thread_text(CHANNEL, THREAD) == [
+        "_Sorry, the assistant took too long to answer._"
+    ]
+
+
+async def test_a_stream_slack_ended_goes_on_by_editing_the_same_message(
+    slack_api: FakeSlackApi, make_channel: MakeChannel
+) -> None:
+    sink = open_sink(make_channel(streaming="stream"))
+    await sink.start()
+    await sink.delta("First part,")
+    await asyncio.sleep(0.2)
+    [message] = slack_api.thread(CHANNEL, THREAD)
+    slack_api.expire_stream(CHANNEL, message.ts)
+    await sink.delta("First part, then **more**")
+    await sink.finish("First part, then **more** and the end.")
+    assert slack_api.thread_text(CHANNEL, THREAD) == ["First part, then *more* and the end."]
+
+
+async def test_user_pressing_stop_cancels_delivery(
+    slack_api: FakeSlackApi, make_channel: MakeChannel
+) -> None:
+    sink = open_sink(make_channel(streaming="stream"))
+    await sink.start()
+    await sink.delta("Once upon")
+    await asyncio.sleep(0.2)
+    [message] = slack_api.thread(CHANNEL, THREAD)
+    slack_api.stop_by_user(CHANNEL, message.ts)
+    with pytest.raises(DeliveryError) as raised:
+        await play(sink, "Once upon a time there was a bot.")
+    assert raised.value.error_class is ErrorClass.CANCELLED
+
+
+async def test_never_sends_empty_or_unchanged_text(
+    slack_api: FakeSlackApi, make_channel: MakeChannel
+) -> None:
+    for mode, thread in (("update", "1700000003.000100"), ("stream", "1700000004.000100")):
+        sink = open_sink(make_channel(streaming=mode), address(thread_ts=thread))
+        await sink.start()
+        for text in ["", " ", "\n", "Hi", "Hi", "Hi ", "Hi \ufffd", "Hi there"]:
+            await sink.delta(text)
+            await asyncio.sleep(0.08)
+        await sink.finish("Hi there")
+        assert slack_api.thread_text(CHANNEL, thread) == ["Hi there"]
+    assert all(c.ok for c in slack_api.calls), [c.response for c in slack_api.calls if not c.ok]
+    assert slack_api.unchanged_updates == 0
+
+
+async def test_network_failure_is_a_network_error(http: aiohttp.ClientSession) -> None:
+    closed = FakeSlackApi()
+    base_url = await closed.start()
+    await closed.close()  # nothing listens there any more
+    channel = SlackChannel(app_settings(base_url, streaming="update", api_timeout_s=2), http)
+    sink = open_sink(channel)
+    with pytest.raises(DeliveryError) as raised:
+        await play(sink, "hello")
+    assert raised.value.error_class is ErrorClass.NETWORK
+
+
+async def test_empty_reply_sends_nothing(
+    slack_api: FakeSlackApi, make_channel: MakeChannel
+) -> None:
+    sink = open_sink(make_channel(streaming="stream"))
+    await sink.start()
+    await sink.finish("")
+    assert slack_api.calls == []
+    assert BOT_USER  # the fake's bot identity stays untouched
