@@ -1,0 +1,184 @@
+"""The outbound Bot API client of one bot: one call, paced, with its errors classified.
+
+Every call goes through ``TelegramApi.call``: it waits for the chat's turn
+(``pacing``), posts JSON on the service's one shared ``aiohttp.ClientSession``,
+and turns a refusal into ``TelegramApiError`` with an ``ErrorClass``. A 429
+blocks the chat for ``retry_after``; callers that must deliver (final text)
+ask for the call to be retried after that wait, callers that can drop the
+call (a streamed preview) do not.
+
+The token sits in the URL path, as the Bot API requires, so no URL and no
+aiohttp exception text (which may quote the URL) ever reaches an error
+message or a log line from here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import aiohttp
+import structlog
+from pydantic import SecretStr
+
+from bot.channels.telegram.pacing import ChatPacer, PacingPolicy
+from bot.channels.telegram.settings import TelegramBotSettings
+from bot.errors import ErrorClass
+
+log = structlog.get_logger(__name__)
+
+PACED_METHODS = frozenset({"sendMessage", "editMessageText", "sendMessageDraft"})
+"""Methods that count against the per-chat message limits."""
+MAX_FLOOD_RETRIES = 5
+"""Retries of one call after 429s; Telegram's retry_after should make one enough."""
+
+
+class TelegramApiError(Exception):
+    """The Bot API refused a call, or could not be reached."""
+
+    def __init__(
+        self,
+        method: str,
+        error_code: int,
+        description: str,
+        *,
+        retry_after: float | None = None,
+        error_class: ErrorClass | None = None,
+    ) -> None:
+        super().__init__(f"telegram {method}: {error_code} {description}")
+        self.method = method
+        self.error_code = error_code
+        self.description = description
+        self.retry_after = retry_after
+        self.error_class = error_class or classify(error_code)
+
+    @property
+    def is_not_modified(self) -> bool:
+        return self.error_code == 400 and "message is not modified" in self.description
+
+    @property
+    def is_entity_error(self) -> bool:
+        """Telegram could not parse the formatting (``parse_mode``) of the text."""
+        return self.error_code == 400 and "can't parse entities" in self.description.lower()
+
+
+def classify(error_code: int) -> ErrorClass:
+    """Bot API error code -> error class.
+
+    401 is a revoked or wrong token; 404 is what Telegram answers for a
+    malformed token (the method URL does not exist): both mean our
+    credentials, not the message, are at fault.
+    """
+    if error_code in (401, 404):
+        return ErrorClass.AUTH
+    if error_code == 429:
+        return ErrorClass.RATE_LIMITED
+    return ErrorClass.DELIVERY
+
+
+def _chat_of(params: dict[str, Any]) -> int | None:
+    chat_id = params.get("chat_id")
+    return chat_id if isinstance(chat_id, int) else None
+
+
+class TelegramApi:
+    """Calls the Bot API as one bot."""
+
+    def __init__(
+        self,
+        http: aiohttp.ClientSession,
+        *,
+        token: SecretStr,
+        base_url: str,
+        pacer: ChatPacer,
+        timeout_s: float,
+        max_flood_wait_s: float,
+    ) -> None:
+        self._http = http
+        self._token = token
+        self._base_url = base_url.rstrip("/")
+        self.pacer = pacer
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self.max_flood_wait_s = max_flood_wait_s
+
+    @classmethod
+    def from_settings(
+        cls, http: aiohttp.ClientSession, settings: TelegramBotSettings
+    ) -> TelegramApi:
+        policy = PacingPolicy(
+            private_min_interval_s=settings.private_min_interval_s,
+            group_min_interval_s=settings.group_min_interval_s,
+            global_max_calls_per_s=settings.global_max_calls_per_s,
+        )
+        return cls(
+            http,
+            token=settings.token,
+            base_url=settings.api_base_url,
+            pacer=ChatPacer(policy),
+            timeout_s=settings.request_timeout_s,
+            max_flood_wait_s=settings.max_flood_wait_s,
+        )
+
+    async def call(
+        self, method: str, params: dict[str, Any] | None = None, *, retry_flood: bool = False
+    ) -> Any:
+        """Call ``method``; with ``retry_flood``, wait out 429s up to ``max_flood_wait_s``."""
+        params = params or {}
+        chat_id = _chat_of(params)
+        paced = method in PACED_METHODS
+        floods = 0
+        while True:
+            await self.pacer.wait(chat_id, paced=paced)
+            self.pacer.reserve(chat_id, paced=paced)
+            try:
+                return await self._post(method, params)
+            except TelegramApiError as exc:
+                if exc.retry_after is None:
+                    raise
+                self.pacer.flood(chat_id, exc.retry_after)
+                floods += 1
+                log.warning(
+                    "telegram.flood_wait",
+                    method=method,
+                    chat_id=chat_id,
+                    retry_after=exc.retry_after,
+                    will_retry=retry_flood,
+                )
+                if (
+                    not retry_flood
+                    or exc.retry_after > self.max_flood_wait_s
+                    or floods > MAX_FLOOD_RETRIES
+                ):
+                    raise
+
+    async def _post(self, method: str, params: dict[str, Any]) -> Any:
+        url = f"{self._base_url}/bot{self._token.get_secret_value()}/{method}"
+        try:
+            async with self._http.post(url, json=params, timeout=self._timeout) as response:
+                status = response.status
+                try:
+                    body = await response.json(content_type=None)
+                except ValueError:
+                    body = None
+        except TimeoutError:
+            raise TelegramApiError(
+                method, 0, "no answer in time", error_class=ErrorClass.TIMEOUT
+            ) from None
+        except aiohttp.ClientError as exc:
+            # ``from None``: the original's text may quote the URL, token included.
+            raise TelegramApiError(
+                method, 0, f"cannot reach the Bot API ({type(exc).__name__})",
+                error_class=ErrorClass.NETWORK,
+            ) from None
+        if not isinstance(body, dict):
+            raise TelegramApiError(method, status, "answer is not a JSON object")
+        if body.get("ok") is True:
+            return body.get("result")
+        parameters = body.get("parameters") or {}
+        retry_after = parameters.get("retry_after") if isinstance(parameters, dict) else None
+        error_code = body.get("error_code")
+        raise TelegramApiError(
+            method,
+            error_code if isinstance(error_code, int) else status,
+            str(body.get("description", "")),
+            retry_after=float(retry_after) if isinstance(retry_after, int | float) else None,
+        )

@@ -1,0 +1,211 @@
+"""What both Telegram reply sinks share: typing, a paced preview pump, the final delivery.
+
+``delta`` only records the newest text and wakes the pump, so the turn
+never waits on Telegram. The pump sends at most one preview step per pacing
+slot, always of the newest text (intermediate states are dropped), and drops
+a step that Telegram answers with 429: the chat is then held for
+``retry_after`` and the next step, or the final delivery, goes after it.
+``finish`` stops the pump (never mid-call: a call in flight may already have
+created a message) and delivers the final text, waiting out 429s up to
+``max_flood_wait_s``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+
+from bot.channels.telegram.api import TelegramApi, TelegramApiError
+from bot.channels.telegram.render import Rendered, Renderer
+from bot.errors import DeliveryError, ErrorClass
+
+log = structlog.get_logger(__name__)
+
+MAX_TYPING_S = 600.0
+"""Longest a sink keeps showing "typing" without any text."""
+EMPTY_REPLY_TEXT = "…"
+"""Sent when the model's reply is empty: Telegram refuses an empty message."""
+
+
+@dataclass(frozen=True)
+class ReplyTarget:
+    """Where a turn's reply goes, from ``InboundMessage.reply_to``."""
+
+    chat_id: int
+    chat_type: str
+    message_id: int | None
+    message_thread_id: int | None
+
+    @classmethod
+    def from_reply_to(cls, reply_to: dict[str, Any]) -> ReplyTarget:
+        return cls(
+            chat_id=int(reply_to["chat_id"]),
+            chat_type=str(reply_to.get("chat_type", "private")),
+            message_id=reply_to.get("message_id"),
+            message_thread_id=reply_to.get("message_thread_id"),
+        )
+
+    def base_params(self) -> dict[str, Any]:
+        params: dict[str, Any] = {"chat_id": self.chat_id}
+        if self.message_thread_id is not None:
+            params["message_thread_id"] = self.message_thread_id
+        return params
+
+
+def _is_fatal(exc: TelegramApiError) -> bool:
+    """Errors no later call to this chat can get past: stop previewing."""
+    return exc.error_class is ErrorClass.AUTH or exc.error_code == 403
+
+
+class StreamingSink(ABC):
+    def __init__(
+        self,
+        api: TelegramApi,
+        target: ReplyTarget,
+        renderer: Renderer,
+        *,
+        typing_refresh_s: float,
+        turn_id: str = "",
+    ) -> None:
+        self._api = api
+        self._target = target
+        self._renderer = renderer
+        self._typing_refresh_s = typing_refresh_s
+        self._log = log.bind(turn_id=turn_id, chat_id=target.chat_id)
+        self._latest = ""
+        self._wake = asyncio.Event()
+        self._closing = False
+        self._pump: asyncio.Task[None] | None = None
+        self._typing: asyncio.Task[None] | None = None
+        self._fatal: TelegramApiError | None = None
+
+    # -- subclass hooks ----------------------------------------------------------
+
+    @abstractmethod
+    async def _push_partial(self, text: str) -> bool:
+        """Show ``text`` as the reply so far; True once something is visible.
+
+        May raise ``TelegramApiError``.
+        """
+
+    @abstractmethod
+    async def _deliver_final(self, text: str) -> None:
+        """Deliver ``text`` completely, waiting out 429s; may raise ``TelegramApiError``."""
+
+    # -- ReplySink -----------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._typing = asyncio.create_task(self._typing_loop())
+
+    async def delta(self, text_so_far: str) -> None:
+        self._latest = text_so_far
+        if self._closing or self._fatal is not None:
+            return
+        self._wake.set()
+        if self._pump is None:
+            self._pump = asyncio.create_task(self._pump_loop())
+
+    async def finish(self, text: str) -> None:
+        await self._stop_streaming()
+        try:
+            await self._deliver_final(text if text.strip() else EMPTY_REPLY_TEXT)
+        except TelegramApiError as exc:
+            raise DeliveryError(exc.error_class, str(exc)) from None
+
+    async def fail(self, error_class: ErrorClass, user_message: str) -> None:
+        await self._stop_streaming()
+        partial = self._latest.rstrip()
+        text = f"{partial}\n\n{user_message}" if partial else user_message
+        try:
+            await self._deliver_final(text)
+        except TelegramApiError as exc:
+            # The turn already failed for its own reason; this only goes to the log.
+            self._log.warning(
+                "telegram.fail_notice_undelivered",
+                error_class=exc.error_class.value,
+                error=str(exc),
+            )
+
+    # -- machinery -------------------------------------------------------------------
+
+    async def _call(self, method: str, params: dict[str, Any], *, final: bool) -> Any:
+        return await self._api.call(method, params, retry_flood=final)
+
+    async def _send_rendered(
+        self,
+        method: str,
+        params: dict[str, Any],
+        chunks: list[str],
+        index: int,
+        *,
+        final: bool,
+    ) -> tuple[Any, Rendered | None]:
+        """Send chunk ``index`` with ``method``; on refused entities, once more as plain text."""
+        rendered = self._renderer.render(chunks, index)
+        if rendered is None:
+            return None, None
+        try:
+            return await self._call(method, {**params, **rendered.params()}, final=final), rendered
+        except TelegramApiError as exc:
+            if not (exc.is_entity_error and rendered.parse_mode is not None):
+                raise
+            self._log.warning("telegram.entities_refused", method=method, error=exc.description)
+            self._renderer.plain = True
+            rendered = self._renderer.render(chunks, index)
+            assert rendered is not None
+            return await self._call(method, {**params, **rendered.params()}, final=final), rendered
+
+    async def _typing_loop(self) -> None:
+        params = {**self._target.base_params(), "action": "typing"}
+        # Bounded, so a turn that never reaches finish or fail cannot type forever.
+        for _ in range(int(MAX_TYPING_S / self._typing_refresh_s) + 1):
+            try:
+                await self._api.call("sendChatAction", params)
+            except TelegramApiError as exc:
+                if _is_fatal(exc):
+                    return
+                self._log.debug("telegram.typing_failed", error=str(exc))
+            await asyncio.sleep(self._typing_refresh_s)
+
+    async def _stop_typing(self) -> None:
+        if self._typing is not None:
+            self._typing.cancel()
+            # ``wait`` neither raises the task's outcome nor passes our own cancellation on.
+            await asyncio.wait({self._typing})
+            self._typing = None
+
+    async def _pump_loop(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            if self._closing:
+                return
+            await self._api.pacer.wait(self._target.chat_id)
+            if self._closing:
+                return
+            try:
+                visible = await self._push_partial(self._latest)
+            except TelegramApiError as exc:
+                if _is_fatal(exc):
+                    self._fatal = exc
+                    self._log.warning("telegram.preview_stopped", error=str(exc))
+                    return
+                # Dropped: the newest text goes out with the next step or the final delivery.
+                self._log.info("telegram.preview_dropped", error=str(exc))
+            else:
+                if visible:
+                    await self._stop_typing()
+
+    async def _stop_streaming(self) -> None:
+        self._closing = True
+        self._wake.set()
+        await self._stop_typing()
+        if self._pump is not None:
+            # Never cancel the pump: a call in flight may already have created a message,
+            # and losing its id would show the reply twice. It stops at its next check.
+            await asyncio.wait({self._pump})
+            self._pump = None
