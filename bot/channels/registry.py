@@ -12,6 +12,8 @@ import aiohttp
 from aiohttp import web
 
 from bot.channels.api import routes as api
+from bot.channels.slack import routes as slack
+from bot.channels.telegram import routes as telegram
 from bot.config import Settings
 from bot.turns.service import TurnService
 
@@ -19,4 +21,6 @@ ChannelSetup = Callable[[web.Application, Settings, TurnService, aiohttp.ClientS
 
 CHANNEL_SETUPS: list[ChannelSetup] = [
     api.setup,
+    slack.setup,
+    telegram.setup,
 ]

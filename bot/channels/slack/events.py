@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import html
 import re
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -241,7 +242,14 @@ def _parse_event(
     )
 
 
-def to_inbound(msg: UserMessage, *, channel: str, user_name: str | None) -> InboundMessage:
+def to_inbound(
+    msg: UserMessage,
+    *,
+    channel: str,
+    user_name: str | None,
+    layer_ms: dict[str, float] | None = None,
+    received_at: float | None = None,
+) -> InboundMessage:
     """The normalised message the turn pipeline stores; ``reply_to`` is what the sink needs."""
     return InboundMessage(
         channel=channel,
@@ -260,4 +268,6 @@ def to_inbound(msg: UserMessage, *, channel: str, user_name: str | None) -> Inbo
             "user_id": msg.user_id,
             "is_dm": msg.is_dm,
         },
+        layer_ms=dict(layer_ms or {}),
+        received_at=received_at if received_at is not None else time.time(),
     )
