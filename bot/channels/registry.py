@@ -12,6 +12,7 @@ import aiohttp
 from aiohttp import web
 
 from bot.channels.api import routes as api
+from bot.channels.telegram import routes as telegram
 from bot.channels.slack import routes as slack
 from bot.channels.telegram import routes as telegram
 from bot.config import Settings
@@ -21,6 +22,7 @@ ChannelSetup = Callable[[web.Application, Settings, TurnService, aiohttp.ClientS
 
 CHANNEL_SETUPS: list[ChannelSetup] = [
     api.setup,
+    telegram.setup,
     slack.setup,
     telegram.setup,
 ]

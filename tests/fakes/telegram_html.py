@@ -121,9 +121,7 @@ def parse_html(source: str) -> tuple[str, list[Entity]]:
         units += utf16_len(char)
         index += 1
     if stack:
-        raise EntityParseError(
-            f'Can\'t find end tag corresponding to start tag "{stack[-1].tag}"'
-        )
+        raise EntityParseError(f'Can\'t find end tag corresponding to start tag "{stack[-1].tag}"')
     return _strip("".join(out), entities)
 
 

@@ -144,7 +144,7 @@ async def test_refused_entities_are_resent_as_plain_text(
 ) -> None:
     fake_telegram.fail(
         400,
-        "Bad Request: can't parse entities: Unsupported start tag \"x\" at byte offset 3",
+        'Bad Request: can\'t parse entities: Unsupported start tag "x" at byte offset 3',
         method="sendMessage",
     )
     sink = open_sink(api, settings, PRIVATE_CHAT)

@@ -137,8 +137,15 @@ def test_edited_private_message_is_answered_as_a_new_turn() -> None:
 
 @pytest.mark.parametrize(
     "name",
-    ["callback_query", "my_chat_member", "chat_member", "channel_post", "message_reaction",
-     "inline_query", "poll"],
+    [
+        "callback_query",
+        "my_chat_member",
+        "chat_member",
+        "channel_post",
+        "message_reaction",
+        "inline_query",
+        "poll",
+    ],
 )
 def test_listed_update_types_are_ignored_by_name(name: str) -> None:
     parsed = parse(name)

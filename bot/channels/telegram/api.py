@@ -166,7 +166,9 @@ class TelegramApi:
         except aiohttp.ClientError as exc:
             # ``from None``: the original's text may quote the URL, token included.
             raise TelegramApiError(
-                method, 0, f"cannot reach the Bot API ({type(exc).__name__})",
+                method,
+                0,
+                f"cannot reach the Bot API ({type(exc).__name__})",
                 error_class=ErrorClass.NETWORK,
             ) from None
         if not isinstance(body, dict):

@@ -23,7 +23,7 @@ class TelegramChannel:
         return sink_class(
             self.api,
             target,
-            Renderer(self.settings.format),
+            Renderer(self.settings.format, self.settings.max_message_chars),
             typing_refresh_s=self.settings.typing_refresh_s,
             turn_id=address.turn_id,
         )

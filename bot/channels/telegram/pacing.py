@@ -33,9 +33,7 @@ def is_private_chat(chat_id: int) -> bool:
 class ChatPacer:
     """Tracks, per chat, the earliest moment the next call may go out."""
 
-    def __init__(
-        self, policy: PacingPolicy, clock: Callable[[], float] = time.monotonic
-    ) -> None:
+    def __init__(self, policy: PacingPolicy, clock: Callable[[], float] = time.monotonic) -> None:
         self._policy = policy
         self._clock = clock
         self._next_call: dict[int, float] = {}

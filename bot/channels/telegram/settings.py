@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
+from bot.channels.telegram.splitting import MAX_MESSAGE_CHARS
+
 TELEGRAM_API_BASE_URL = "https://api.telegram.org"
 
 PRIVATE_CHAT_MIN_INTERVAL_S = 1.0
@@ -47,6 +49,8 @@ class TelegramBotSettings(BaseModel):
     max_flood_wait_s: float = Field(MAX_FLOOD_WAIT_S, ge=0)
     typing_refresh_s: float = Field(TYPING_REFRESH_S, gt=0)
     request_timeout_s: float = Field(REQUEST_TIMEOUT_S, gt=0)
+    max_message_chars: int = Field(MAX_MESSAGE_CHARS, ge=64, le=MAX_MESSAGE_CHARS)
+    """Replies longer than this continue in a new message (lower it only to test splitting)."""
 
     @property
     def bot_id(self) -> int | None:

@@ -1,0 +1,40 @@
+"""The bot's commands: ``/start`` and ``/help`` explain, ``/new`` starts over, ``/stop`` stops.
+
+``/new`` and ``/stop`` act before the webhook answers, so they take effect in
+the order the chat sent them (Telegram sends a chat's next update only after
+this one is answered); the short notice that confirms them goes out after.
+"""
+
+from __future__ import annotations
+
+from bot.channels.telegram.updates import Command
+from bot.turns.service import TurnService
+
+HELP_TEXT = (
+    "I am an AI assistant: send me a message and I will answer.\n"
+    "In a group, mention me or reply to one of my messages.\n\n"
+    "/new - start a new conversation (I forget the earlier one)\n"
+    "/stop - stop the reply I am writing\n"
+    "/help - this help"
+)
+NEW_TEXT = "Started a new conversation."
+NOTHING_TO_STOP_TEXT = "Nothing to stop."
+UNKNOWN_TEXT = "I do not know that command.\n\n" + HELP_TEXT
+
+
+async def run_command(command: Command, *, channel: str, turns: TurnService) -> str | None:
+    """Carry out ``command``; returns the notice to send, or None when the reply says it all."""
+    if command.name == "new":
+        await turns.new_conversation(
+            channel=channel, owner=channel, conversation_key=command.conversation_key
+        )
+        return NEW_TEXT
+    if command.name == "stop":
+        cancelled = await turns.cancel_active(
+            channel=channel, owner=channel, conversation_key=command.conversation_key
+        )
+        # A cancelled reply ends with "Stopped." in its own message: no second notice.
+        return None if cancelled else NOTHING_TO_STOP_TEXT
+    if command.name == "unknown":
+        return UNKNOWN_TEXT
+    return HELP_TEXT

@@ -1,0 +1,219 @@
+"""``POST /telegram/{bot_name}``: verify, parse, accept, answer 200 at once.
+
+The handler only checks the secret header (constant time; nothing is read or
+stored for a request without it), parses the update, hands a message to the
+turn service (which stores it deduplicated on ``update_id``) and answers.
+Generation runs after the answer. Telegram sends a chat's next update only
+after this answer, so a fast answer keeps chats flowing; anything but a 2xx
+makes Telegram redeliver, so updates the bot does not handle still get 200.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hmac
+import time
+from collections import OrderedDict
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import structlog
+from aiohttp import web
+
+from bot.channels.telegram.api import TelegramApi, TelegramApiError
+from bot.channels.telegram.channel import TelegramChannel
+from bot.channels.telegram.commands import run_command
+from bot.channels.telegram.settings import TelegramBotSettings
+from bot.channels.telegram.updates import BotIdentity, Command, Ignored, parse_update
+from bot.config import Settings
+from bot.http.body import BodyError, parse_json_object, read_body
+from bot.http.errors import json_error
+from bot.http.keys import REQUEST_RECEIVED_AT, REQUEST_STARTED, SETTINGS, TURNS
+from bot.turns.service import TurnService
+
+log = structlog.get_logger(__name__)
+
+SECRET_HEADER = "X-Telegram-Bot-Api-Secret-Token"
+RECENT_COMMANDS = 1024
+"""Commands are not stored as turns; this many recent update ids guard them against redelivery."""
+NOTICE_DRAIN_S = 5.0
+
+
+@dataclass
+class TelegramBot:
+    """One configured bot at run time."""
+
+    settings: TelegramBotSettings
+    api: TelegramApi
+    channel: TelegramChannel
+    identity: BotIdentity | None = None
+    recent_commands: OrderedDict[int, None] = field(default_factory=OrderedDict)
+    notices: set[asyncio.Task[None]] = field(default_factory=set)
+
+    async def resolve_identity(self) -> BotIdentity:
+        """The bot's id and @username: from the config, else one ``getMe``, then cached."""
+        if self.identity is None:
+            username = self.settings.username
+            bot_id = self.settings.bot_id
+            if username is None or bot_id is None:
+                me = await self.api.call("getMe")
+                username, bot_id = str(me["username"]), int(me["id"])
+            self.identity = BotIdentity(id=bot_id, username=username)
+        return self.identity
+
+    def first_delivery_of_command(self, update_id: int) -> bool:
+        if update_id in self.recent_commands:
+            return False
+        self.recent_commands[update_id] = None
+        while len(self.recent_commands) > RECENT_COMMANDS:
+            self.recent_commands.popitem(last=False)
+        return True
+
+    def send_notice(self, command: Command, text: str) -> None:
+        """Send a command's notice after the webhook has answered."""
+        params: dict[str, Any] = {"chat_id": command.reply_to["chat_id"], "text": text}
+        if command.reply_to.get("message_thread_id") is not None:
+            params["message_thread_id"] = command.reply_to["message_thread_id"]
+        if command.reply_to.get("chat_type") != "private":
+            params["reply_parameters"] = {
+                "message_id": command.reply_to["message_id"],
+                "allow_sending_without_reply": True,
+            }
+
+        async def send() -> None:
+            try:
+                await self.api.call("sendMessage", params, retry_flood=True)
+            except TelegramApiError as exc:
+                log.warning(
+                    "telegram.notice_undelivered",
+                    bot=self.settings.name,
+                    error_class=exc.error_class.value,
+                    error=str(exc),
+                )
+
+        # Keep a reference: a task nobody holds may be collected mid-run.
+        task = asyncio.create_task(send())
+        self.notices.add(task)
+        task.add_done_callback(self.notices.discard)
+
+
+TELEGRAM_BOTS = web.AppKey("telegram_bots", dict[str, TelegramBot])
+
+
+def _secret_ok(request: web.Request, bot: TelegramBot) -> bool:
+    expected = bot.settings.secret_token
+    if expected is None:
+        return False  # no webhook registered with a secret yet: accept nothing
+    given = request.headers.get(SECRET_HEADER, "")
+    return hmac.compare_digest(given.encode(), expected.get_secret_value().encode())
+
+
+def _peek_chat_type(update: dict[str, Any]) -> str | None:
+    for key in ("message", "edited_message"):
+        message = update.get(key)
+        if isinstance(message, dict):
+            chat = message.get("chat")
+            if isinstance(chat, dict):
+                return str(chat.get("type"))
+    return None
+
+
+async def post_update(request: web.Request) -> web.Response:
+    started = request.get(REQUEST_STARTED, time.perf_counter())
+    received_at = request.get(REQUEST_RECEIVED_AT, time.time())
+    bot = request.app[TELEGRAM_BOTS].get(request.match_info["bot_name"])
+    if bot is None:
+        return json_error(404, "not_found", "no such Telegram bot")
+    auth_started = time.perf_counter()
+    if not _secret_ok(request, bot):
+        log.warning("telegram.bad_secret", bot=bot.settings.name)
+        return json_error(401, "auth", f"missing or wrong {SECRET_HEADER}")
+    auth_ms = (time.perf_counter() - auth_started) * 1000
+
+    settings = request.app[SETTINGS]
+    try:
+        update = parse_json_object(await read_body(request, settings.server.max_body_bytes))
+    except BodyError as exc:
+        return exc.response
+    update_id = update.get("update_id")
+    if not isinstance(update_id, int):
+        return json_error(400, "bad_request", "update_id must be an integer")
+
+    # Group rules need the bot's @username; private chats never wait for it.
+    identity = BotIdentity(id=bot.settings.bot_id, username=bot.settings.username)
+    if _peek_chat_type(update) in ("group", "supergroup"):
+        try:
+            identity = await bot.resolve_identity()
+        except TelegramApiError as exc:
+            # Not acknowledged: Telegram redelivers it once getMe works again.
+            log.warning("telegram.identity_unavailable", bot=bot.settings.name, error=str(exc))
+            return json_error(503, "unavailable", "cannot look up the bot's username")
+
+    parsed = parse_update(update, bot=identity, channel=bot.settings.channel)
+    log_fields = {"bot": bot.settings.name, "update_id": update_id}
+    if isinstance(parsed, Ignored):
+        if parsed.known:
+            log.info(
+                "telegram.ignored",
+                update_type=parsed.update_type,
+                reason=parsed.reason,
+                **log_fields,
+            )
+        else:
+            log.warning("telegram.unknown_update", update_type=parsed.update_type, **log_fields)
+        return web.Response(status=200)
+    if isinstance(parsed, Command):
+        if bot.first_delivery_of_command(update_id):
+            notice = await run_command(
+                parsed, channel=bot.settings.channel, turns=request.app[TURNS]
+            )
+            log.info("telegram.command", command=parsed.name, **log_fields)
+            if notice is not None:
+                bot.send_notice(parsed, notice)
+        return web.Response(status=200)
+
+    if len(parsed.text) > settings.server.max_text_chars:
+        log.info("telegram.ignored", reason="text too long", **log_fields)
+        return web.Response(status=200)
+    ingress_ms = (time.perf_counter() - started) * 1000 - auth_ms
+    message = dataclasses.replace(
+        parsed,
+        layer_ms={"ingress": max(0.0, ingress_ms), "auth": auth_ms},
+        received_at=received_at,
+    )
+    accepted = await request.app[TURNS].accept(message)
+    log.info(
+        "telegram.accepted", turn_id=accepted.turn_id, duplicate=accepted.duplicate, **log_fields
+    )
+    return web.Response(status=200)
+
+
+def setup(
+    app: web.Application, settings: Settings, turns: TurnService, http: aiohttp.ClientSession
+) -> None:
+    bots: dict[str, TelegramBot] = {}
+    for bot_settings in settings.telegram:
+        api = TelegramApi.from_settings(http, bot_settings)
+        channel = TelegramChannel(bot_settings, api)
+        turns.register_channel(channel)
+        bots[bot_settings.name] = TelegramBot(bot_settings, api, channel)
+        if bot_settings.secret_token is None:
+            log.warning(
+                "telegram.no_secret",
+                bot=bot_settings.name,
+                hint="run `botctl telegram set-webhook` and set secret_token",
+            )
+    app[TELEGRAM_BOTS] = bots
+    app.router.add_post("/telegram/{bot_name}", post_update)
+
+    async def drain_notices(app: web.Application) -> AsyncIterator[None]:
+        yield
+        # Runs before the shared HTTP client closes (cleanup runs in reverse order).
+        pending = [task for bot in bots.values() for task in bot.notices]
+        if pending:
+            await asyncio.wait(pending, timeout=NOTICE_DRAIN_S)
+
+    app.cleanup_ctx.append(drain_notices)

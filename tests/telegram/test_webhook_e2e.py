@@ -1,0 +1,342 @@
+"""The Telegram channel end to end: real app on loopback, real vLLM engine, fake Bot API."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import itertools
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient
+from click.testing import CliRunner
+
+from bot.channels.telegram.cli import telegram
+from bot.channels.telegram.commands import HELP_TEXT, NEW_TEXT, NOTHING_TO_STOP_TEXT
+from bot.channels.telegram.render import Renderer
+from bot.config import load_settings
+from bot.http.keys import TURNS
+from bot.storage.models import Turn
+from tests.conftest import MakeClient
+from tests.fakes.telegram_api import FakeTelegram
+from tests.fakes.telegram_html import parse_html
+from tests.helpers import count_rows, load_turns
+from tests.telegram.conftest import BOT_TOKEN, FAST_PACING, GROUP_CHAT, PRIVATE_CHAT, load_update
+
+SECRET = "s3cret-Header_value"
+HEADER = "X-Telegram-Bot-Api-Secret-Token"
+_update_ids = itertools.count(700_000_000)
+
+
+def private_update(text: str, chat_id: int = PRIVATE_CHAT) -> dict[str, Any]:
+    update = copy.deepcopy(load_update("private_text"))
+    update["update_id"] = next(_update_ids)
+    message = update["message"]
+    message["message_id"] = update["update_id"] % 100_000
+    message["chat"]["id"] = message["from"]["id"] = chat_id
+    message["text"] = text
+    return update
+
+
+def command_update(name: str, chat_id: int = PRIVATE_CHAT) -> dict[str, Any]:
+    update = private_update(f"/{name}", chat_id)
+    update["message"]["entities"] = [{"offset": 0, "length": len(name) + 1, "type": "bot_command"}]
+    return update
+
+
+def fixture_update(name: str) -> dict[str, Any]:
+    update = copy.deepcopy(load_update(name))
+    update["update_id"] = next(_update_ids)
+    return update
+
+
+def expected_texts(reply: str, limit: int = 4096) -> list[str]:
+    """What Telegram shows for ``reply``: its chunks, rendered and parsed as Telegram does."""
+    renderer = Renderer("html", limit)
+    chunks = renderer.split(reply)
+    shown = []
+    for index in range(len(chunks)):
+        rendered = renderer.render(chunks, index)
+        if rendered is not None:
+            shown.append(parse_html(rendered.text)[0])
+    return shown or ["…"]
+
+
+@dataclass
+class Service:
+    client: TestClient[Any, Any]
+    fake: FakeTelegram
+    db_url: str
+
+    async def post(self, update: dict[str, Any], secret: str | None = SECRET) -> int:
+        headers = {HEADER: secret} if secret is not None else {}
+        response = await self.client.post("/telegram/testbot", json=update, headers=headers)
+        return response.status
+
+    async def idle(self) -> None:
+        await self.client.app[TURNS].wait_idle(timeout=120)
+
+    async def turns(self) -> list[Turn]:
+        return await load_turns(self.db_url)
+
+
+def bot_table(fake: FakeTelegram, **overrides: Any) -> dict[str, Any]:
+    return {
+        "name": "testbot",
+        "token": BOT_TOKEN,
+        "secret_token": SECRET,
+        "api_base_url": fake.base_url,
+        **FAST_PACING,
+        **overrides,
+    }
+
+
+@pytest.fixture
+async def start_service(
+    fake_telegram: FakeTelegram, sqlite_url: str, make_client: MakeClient
+) -> Any:
+    async def start(bot: dict[str, Any] | None = None, **sections: Any) -> Service:
+        table = bot_table(fake_telegram, **(bot or {}))
+        client = await make_client(sqlite_url, telegram=[table], **sections)
+        return Service(client, fake_telegram, sqlite_url)
+
+    return start
+
+
+async def test_secret_header_is_checked_and_nothing_is_stored_without_it(
+    start_service: Any,
+) -> None:
+    service: Service = await start_service()
+    update = private_update("hello")
+    assert await service.post(update, secret=None) == 401
+    assert await service.post(update, secret="wrong") == 401
+    assert await service.post(update, secret=SECRET + "x") == 401
+    response = await service.client.post(
+        "/telegram/otherbot", json=update, headers={HEADER: SECRET}
+    )
+    assert response.status == 404
+    assert set((await count_rows(service.db_url)).values()) == {0}
+    assert service.fake.calls == []
+    assert await service.post(update) == 200
+    await service.idle()
+    assert (await count_rows(service.db_url))["turns"] == 1
+
+
+async def test_private_chat_streams_drafts_then_sends_the_reply(start_service: Any) -> None:
+    service: Service = await start_service()
+    assert await service.post(private_update("Tell me about Paris")) == 200
+    await service.idle()
+
+    [turn] = await service.turns()
+    assert turn.status == "done", turn.error_message
+    assert turn.user_name is None
+    fake = service.fake
+    assert fake.calls[0].method == "sendChatAction"
+    assert fake.calls_of("sendMessageDraft"), "streamed as drafts"
+    assert fake.texts(PRIVATE_CHAT) == expected_texts(turn.reply_text or "")
+    assert all(call.ok for call in fake.calls)
+
+
+async def test_redelivered_update_is_answered_once(start_service: Any) -> None:
+    service: Service = await start_service()
+    update = private_update("Are you there?")
+    statuses = await asyncio.gather(*(service.post(update) for _ in range(3)))
+    assert statuses == [200, 200, 200]
+    await service.idle()
+    assert await service.post(update) == 200  # a late retry, after the reply
+    await service.idle()
+
+    assert len(await service.turns()) == 1
+    assert len(service.fake.calls_of("sendMessage")) == 1
+
+
+async def test_messages_in_one_chat_are_answered_in_order(start_service: Any) -> None:
+    service: Service = await start_service()
+    for text in ("first question", "second question", "third question"):
+        assert await service.post(private_update(text)) == 200
+    await service.idle()
+
+    turns = sorted(await service.turns(), key=lambda turn: turn.seq)
+    assert [turn.user_text for turn in turns] == [
+        "first question",
+        "second question",
+        "third question",
+    ]
+    assert all(turn.status == "done" for turn in turns)
+    for before, after in itertools.pairwise(turns):
+        assert after.started_at is not None and before.finished_at is not None
+        assert after.started_at >= before.finished_at
+    expected = [text for turn in turns for text in expected_texts(turn.reply_text or "")]
+    assert service.fake.texts(PRIVATE_CHAT) == expected
+
+
+async def test_chats_are_answered_concurrently(start_service: Any) -> None:
+    service: Service = await start_service()
+    chats = [PRIVATE_CHAT + offset for offset in range(3)]
+    await asyncio.gather(*(service.post(private_update("hello there", chat)) for chat in chats))
+    await service.idle()
+
+    turns = await service.turns()
+    assert len({turn.conversation_id for turn in turns}) == 3
+    started = max(turn.started_at for turn in turns if turn.started_at)
+    finished = min(turn.finished_at for turn in turns if turn.finished_at)
+    assert started < finished, "no chat waited for another"
+    for chat in chats:
+        assert len(service.fake.texts(chat)) >= 1
+
+
+async def test_group_answers_only_when_addressed(start_service: Any) -> None:
+    service: Service = await start_service()  # no username configured: looked up with getMe
+    for name in ("group_not_addressed", "group_mention_other", "group_command_other_bot"):
+        assert await service.post(fixture_update(name)) == 200
+    await service.idle()
+    assert (await count_rows(service.db_url))["turns"] == 0
+    assert service.fake.texts(GROUP_CHAT) == []
+
+    assert await service.post(fixture_update("group_mention")) == 200
+    assert await service.post(fixture_update("group_reply_to_bot")) == 200
+    await service.idle()
+
+    turns = sorted(await service.turns(), key=lambda turn: turn.seq)
+    assert [(turn.user_name, turn.user_text) for turn in turns] == [
+        ("Bob", "who wrote Moby-Dick?"),
+        ("Bob", "And when was it published?"),
+    ]
+    assert len({turn.conversation_id for turn in turns}) == 1
+    sends = service.fake.calls_of("sendMessage", GROUP_CHAT)
+    assert [call.params["reply_parameters"]["message_id"] for call in sends[:1]] == [901]
+    assert service.fake.calls_of("sendMessageDraft") == []
+    expected = [text for turn in turns for text in expected_texts(turn.reply_text or "")]
+    assert service.fake.texts(GROUP_CHAT) == expected
+    assert len(service.fake.calls_of("getMe")) == 1, "the username is looked up once"
+    assert all(call.ok for call in service.fake.calls)
+
+
+async def test_reply_arrives_complete_through_429s(start_service: Any) -> None:
+    service: Service = await start_service()
+    service.fake.inject_flood(PRIVATE_CHAT, retry_after=1)
+    assert await service.post(private_update("Tell me a story")) == 200
+    await service.idle()
+
+    [turn] = await service.turns()
+    assert turn.status == "done"
+    assert any(call.error_code == 429 for call in service.fake.calls)
+    assert service.fake.flood_violations == []
+    assert service.fake.texts(PRIVATE_CHAT) == expected_texts(turn.reply_text or "")
+
+
+async def test_long_replies_continue_in_new_messages(start_service: Any) -> None:
+    service: Service = await start_service(
+        {"max_message_chars": 64}, generation={"max_tokens": 400}
+    )
+    assert await service.post(private_update("Write at length")) == 200
+    await service.idle()
+
+    [turn] = await service.turns()
+    texts = service.fake.texts(PRIVATE_CHAT)
+    assert len(texts) >= 2
+    assert texts == expected_texts(turn.reply_text or "", 64)
+
+
+async def test_stop_cancels_the_reply_being_written(start_service: Any) -> None:
+    service: Service = await start_service(generation={"max_tokens": 600})
+    assert await service.post(private_update("Say a lot")) == 200
+    await service.fake.wait_until(
+        lambda: bool(service.fake.calls_of("sendMessageDraft")), what="the reply to stream"
+    )
+    assert await service.post(command_update("stop")) == 200
+    await service.idle()
+
+    [turn] = await service.turns()
+    assert (turn.status, turn.error_class) == ("failed", "cancelled")
+    texts = service.fake.texts(PRIVATE_CHAT)
+    assert texts[-1].endswith("Stopped.")
+    assert NOTHING_TO_STOP_TEXT not in texts
+
+    assert await service.post(command_update("stop")) == 200
+    await service.fake.wait_until(
+        lambda: service.fake.texts(PRIVATE_CHAT)[-1] == NOTHING_TO_STOP_TEXT, what="notice"
+    )
+
+
+async def test_new_starts_a_fresh_conversation(start_service: Any) -> None:
+    service: Service = await start_service()
+    assert await service.post(private_update("remember me")) == 200
+    await service.idle()
+    new = command_update("new")
+    assert await service.post(new) == 200
+    assert await service.post(new) == 200  # redelivered: one notice
+    assert await service.post(private_update("who am I?")) == 200
+    await service.idle()
+    await service.fake.wait_until(lambda: NEW_TEXT in service.fake.texts(PRIVATE_CHAT))
+
+    first, second = sorted(await service.turns(), key=lambda turn: turn.created_at)
+    assert first.conversation_id != second.conversation_id
+    assert service.fake.texts(PRIVATE_CHAT).count(NEW_TEXT) == 1
+
+
+async def test_help_and_ignored_updates(start_service: Any) -> None:
+    service: Service = await start_service()
+    for name in ("callback_query", "my_chat_member", "channel_post", "unknown_future_type"):
+        assert await service.post(fixture_update(name)) == 200
+    assert await service.post(command_update("help")) == 200
+    await service.fake.wait_until(lambda: service.fake.texts(PRIVATE_CHAT) == [HELP_TEXT])
+    assert (await count_rows(service.db_url))["turns"] == 0
+
+
+async def test_revoked_token_fails_the_turn_as_auth(start_service: Any) -> None:
+    service: Service = await start_service()
+    service.fake.revoke(BOT_TOKEN)
+    assert await service.post(private_update("hello?")) == 200
+    await service.idle()
+    [turn] = await service.turns()
+    assert (turn.status, turn.error_class) == ("failed", "auth")
+    assert BOT_TOKEN not in (turn.error_message or "")
+
+
+async def test_webhook_admin_commands(
+    fake_telegram: FakeTelegram, sqlite_url: str, make_client: MakeClient
+) -> None:
+    table = bot_table(fake_telegram, secret_token=None)
+
+    async def botctl(*args: str, bot: dict[str, Any] = table) -> str:
+        context = SimpleNamespace(settings=load_settings(None, telegram=[bot]))
+        result = await asyncio.to_thread(CliRunner().invoke, telegram, list(args), obj=context)
+        assert result.exit_code == 0, result.output
+        return result.output
+
+    # The service must be reachable before Telegram delivers to it.
+    placeholder = await make_client(sqlite_url, telegram=[table])
+    public = f"http://127.0.0.1:{placeholder.port}"
+    output = await botctl("set-webhook", "testbot", "--url", public)
+    [secret_line] = [line for line in output.splitlines() if line.startswith("secret_token = ")]
+    secret = secret_line.split('"')[1]
+    bot = fake_telegram.bots[BOT_TOKEN]
+    assert bot.webhook_url == f"{public}/telegram/testbot"
+    assert bot.webhook_secret == secret and len(secret) >= 32
+    assert bot.allowed_updates == ["message", "edited_message"]
+
+    # Until the service is configured with the new secret it refuses deliveries...
+    assert await fake_telegram.push_update(BOT_TOKEN, private_update("hi")) == 401
+    info = await botctl("webhook-info", "testbot")
+    assert f"url: {public}/telegram/testbot" in info
+    assert "last_error_message: Wrong response from the webhook: 401" in info
+
+    # ... and accepts them once it is.
+    await placeholder.close()
+    with_secret = {**table, "secret_token": secret}
+    configured = await make_client(sqlite_url, telegram=[with_secret])
+    public = f"http://127.0.0.1:{configured.port}"  # a new port: register it, same secret
+    output = await botctl(
+        "set-webhook", "testbot", "--url", public, "--keep-secret", bot=with_secret
+    )
+    assert "secret_token" not in output and bot.webhook_secret == secret
+    assert await fake_telegram.push_update(BOT_TOKEN, private_update("hi")) == 200
+    await configured.app[TURNS].wait_idle(timeout=120)
+    assert len(fake_telegram.texts(PRIVATE_CHAT)) == 1
+
+    assert "deleted" in await botctl("delete-webhook", "testbot")
+    assert bot.webhook_url == "" and bot.webhook_secret is None
+    assert "url: (none: no webhook set)" in await botctl("webhook-info", "testbot")
