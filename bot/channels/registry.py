@@ -12,7 +12,6 @@ import aiohttp
 from aiohttp import web
 
 from bot.channels.api import routes as api
-from bot.channels.telegram import routes as telegram
 from bot.channels.slack import routes as slack
 from bot.channels.telegram import routes as telegram
 from bot.config import Settings
@@ -22,7 +21,6 @@ ChannelSetup = Callable[[web.Application, Settings, TurnService, aiohttp.ClientS
 
 CHANNEL_SETUPS: list[ChannelSetup] = [
     api.setup,
-    telegram.setup,
     slack.setup,
     telegram.setup,
 ]
