@@ -50,7 +50,7 @@ def hash_key(key: str) -> str:
 
 def split_key(key: str) -> str | None:
     """The prefix of a well-formed key, else None."""
-    parts = key.split("_")
+    parts = key.split("_", 2)
     if len(parts) != 3 or parts[0] != KEY_PREFIX or not parts[1] or not parts[2]:
         return None
     return parts[1]

@@ -17,5 +17,5 @@ ENGINE = web.AppKey("engine", InferenceEngine)
 HTTP_CLIENT = web.AppKey("http_client", aiohttp.ClientSession)
 
 # Per-request values set by the middleware.
-REQUEST_STARTED = "request_started_perf"
-REQUEST_RECEIVED_AT = "request_received_at"
+REQUEST_STARTED = web.RequestKey("request_started_perf", float)
+REQUEST_RECEIVED_AT = web.RequestKey("request_received_at", float)

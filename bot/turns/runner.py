@@ -137,9 +137,9 @@ class TurnRunner:
         final: GenerationChunk | None = None
         async for chunk in self._engine.generate(request):
             progress.generated.extend(chunk.token_ids)
+            if chunk.token_ids and progress.first_token_at is None:
+                progress.first_token_at = time.time()
             if chunk.text:
-                if progress.first_token_at is None:
-                    progress.first_token_at = time.time()
                 progress.text += chunk.text
                 with clock.measure("deliver"):
                     await self._streams.append(turn.id, chunk.text)
@@ -238,6 +238,8 @@ class TurnRunner:
         )
         log.info(
             "turn",
+            turn_id=turn.id,
+            conversation_id=turn.conversation_id,
             status=TurnStatus.DONE,
             channel=turn.channel,
             finish_reason=progress.finish_reason,
@@ -278,6 +280,8 @@ class TurnRunner:
         )
         log.info(
             "turn",
+            turn_id=turn.id,
+            conversation_id=turn.conversation_id,
             status=TurnStatus.FAILED,
             channel=turn.channel,
             error_class=error_class.value,

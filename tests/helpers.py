@@ -1,0 +1,87 @@
+"""Small helpers shared by the tests: SSE parsing and database inspection."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import ClientResponse
+from sqlalchemy import func, select
+
+from bot.storage.db import create_engine, create_sessionmaker
+from bot.storage.models import Conversation, InboundEvent, Message, Turn
+from bot.storage.tokens import unpack_token_ids
+
+
+@dataclass(frozen=True)
+class SseEvent:
+    event_id: str
+    kind: str
+    data: dict[str, Any]
+
+
+async def read_sse(response: ClientResponse) -> list[SseEvent]:
+    """Read a whole SSE response into events (the stream ends after done/error)."""
+    assert response.status == 200, await response.text()
+    assert response.headers["Content-Type"].startswith("text/event-stream")
+    events: list[SseEvent] = []
+    fields: dict[str, str] = {}
+    async for raw in response.content:
+        line = raw.decode().rstrip("\n")
+        if not line:
+            if fields:
+                events.append(SseEvent(fields.get("id", ""), fields["event"], json.loads(fields["data"])))
+                fields = {}
+            continue
+        name, _, value = line.partition(": ")
+        fields[name] = value
+    return events
+
+
+def reply_text(events: list[SseEvent]) -> str:
+    return "".join(event.data["text"] for event in events if event.kind == "delta")
+
+
+async def count_rows(db_url: str) -> dict[str, int]:
+    engine = create_engine(db_url)
+    try:
+        async with create_sessionmaker(engine)() as session:
+            counts = {}
+            for model in (Conversation, Turn, InboundEvent, Message):
+                counts[model.__tablename__] = int(
+                    await session.scalar(select(func.count()).select_from(model)) or 0
+                )
+            return counts
+    finally:
+        await engine.dispose()
+
+
+async def load_turns(db_url: str) -> list[Turn]:
+    engine = create_engine(db_url)
+    try:
+        async with create_sessionmaker(engine)() as session:
+            return list((await session.scalars(select(Turn).order_by(Turn.created_at))).all())
+    finally:
+        await engine.dispose()
+
+
+async def load_messages(db_url: str, conversation_id: str) -> list[tuple[str, list[int], str | None]]:
+    """(role, token ids, turn id) of a conversation's history entries, in order."""
+    engine = create_engine(db_url)
+    try:
+        async with create_sessionmaker(engine)() as session:
+            rows = (
+                await session.execute(
+                    select(Message.role, Message.token_ids, Message.turn_id)
+                    .where(Message.conversation_id == conversation_id)
+                    .order_by(Message.seq)
+                )
+            ).all()
+            return [(role, unpack_token_ids(ids), turn_id) for role, ids, turn_id in rows]
+    finally:
+        await engine.dispose()
+
+
+def auth(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
