@@ -340,3 +340,24 @@ async def test_webhook_admin_commands(
     assert "deleted" in await botctl("delete-webhook", "testbot")
     assert bot.webhook_url == "" and bot.webhook_secret is None
     assert "url: (none: no webhook set)" in await botctl("webhook-info", "testbot")
+
+
+async def test_an_edited_message_is_answered_as_a_new_turn(start_service: Any) -> None:
+    service: Service = await start_service()
+    original = private_update("What is the capital of Frnace?")
+    assert await service.post(original) == 200
+    await service.idle()
+    edited = copy.deepcopy(original)
+    edited["update_id"] = next(_update_ids)
+    edited["edited_message"] = edited.pop("message")
+    edited["edited_message"]["text"] = "What is the capital of France?"
+    edited["edited_message"]["edit_date"] = edited["edited_message"]["date"] + 5
+    assert await service.post(edited) == 200
+    await service.idle()
+
+    turns = sorted(await service.turns(), key=lambda turn: turn.seq)
+    assert [turn.user_text for turn in turns] == [
+        "What is the capital of Frnace?",
+        "What is the capital of France?",
+    ]
+    assert turns[0].conversation_id == turns[1].conversation_id

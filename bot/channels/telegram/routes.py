@@ -52,9 +52,14 @@ class TelegramBot:
     identity: BotIdentity | None = None
     recent_commands: OrderedDict[int, None] = field(default_factory=OrderedDict)
     notices: set[asyncio.Task[None]] = field(default_factory=set)
+    _identity_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     async def resolve_identity(self) -> BotIdentity:
         """The bot's id and @username: from the config, else one ``getMe``, then cached."""
+        async with self._identity_lock:  # a burst of group updates makes one getMe, not many
+            return await self._resolve_identity()
+
+    async def _resolve_identity(self) -> BotIdentity:
         if self.identity is None:
             username = self.settings.username
             bot_id = self.settings.bot_id
@@ -64,13 +69,11 @@ class TelegramBot:
             self.identity = BotIdentity(id=bot_id, username=username)
         return self.identity
 
-    def first_delivery_of_command(self, update_id: int) -> bool:
-        if update_id in self.recent_commands:
-            return False
+    def remember_command(self, update_id: int) -> None:
+        """Record a command carried out (only then: a failed one must run on redelivery)."""
         self.recent_commands[update_id] = None
         while len(self.recent_commands) > RECENT_COMMANDS:
             self.recent_commands.popitem(last=False)
-        return True
 
     def send_notice(self, command: Command, text: str) -> None:
         """Send a command's notice after the webhook has answered."""
@@ -166,10 +169,10 @@ async def post_update(request: web.Request) -> web.Response:
             log.warning("telegram.unknown_update", update_type=parsed.update_type, **log_fields)
         return web.Response(status=200)
     if isinstance(parsed, Command):
-        if bot.first_delivery_of_command(update_id):
-            notice = await run_command(
-                parsed, channel=bot.settings.channel, turns=request.app[TURNS]
-            )
+        if update_id not in bot.recent_commands:
+            turns = request.app[TURNS]
+            notice = await run_command(parsed, channel=bot.settings.channel, turns=turns)
+            bot.remember_command(update_id)
             log.info("telegram.command", command=parsed.name, **log_fields)
             if notice is not None:
                 bot.send_notice(parsed, notice)
