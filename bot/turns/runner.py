@@ -31,6 +31,8 @@ from bot.turns.timing import LayerClock
 log = structlog.get_logger("bot.turn")
 
 OpenReply = Callable[[TurnAddress], ReplySink]
+TurnObserver = Callable[[dict[str, Any]], None]
+"""Called with the fields of every canonical ``turn`` line (metrics hook in here)."""
 
 
 @dataclass
@@ -55,6 +57,7 @@ class TurnRunner:
         streams: TurnStreams,
         generation: GenerationSettings,
         open_reply: OpenReply,
+        observers: list[TurnObserver] | None = None,
     ) -> None:
         self._sessions = sessions
         self._engine = engine
@@ -62,6 +65,7 @@ class TurnRunner:
         self._streams = streams
         self._generation = generation
         self._open_reply = open_reply
+        self.observers: list[TurnObserver] = list(observers or [])
 
     async def run(self, turn_id: str, *, persist_ms: float | None = None) -> None:
         """Run a queued turn to its end (done or failed). Never raises for turn failures."""
@@ -236,8 +240,7 @@ class TurnRunner:
                 "timings_ms": {**timings["layer_ms"], "ttft": timings["ttft_ms"], "e2e": timings["e2e_ms"]},
             },
         )
-        log.info(
-            "turn",
+        self._emit(
             turn_id=turn.id,
             conversation_id=turn.conversation_id,
             status=TurnStatus.DONE,
@@ -278,8 +281,7 @@ class TurnRunner:
             "error",
             {"turn_id": turn.id, "error_class": error_class.value, "message": user_message},
         )
-        log.info(
-            "turn",
+        self._emit(
             turn_id=turn.id,
             conversation_id=turn.conversation_id,
             status=TurnStatus.FAILED,
@@ -290,3 +292,12 @@ class TurnRunner:
             **self._usage(progress),
             **timings,
         )
+
+    def _emit(self, **fields: Any) -> None:
+        """The canonical per-turn log line, and the same fields to every observer."""
+        log.info("turn", **fields)
+        for observer in self.observers:
+            try:
+                observer(fields)
+            except Exception:
+                log.exception("turn_observer_failed")
