@@ -70,9 +70,9 @@ async def test_private_chat_types_then_drafts_then_sends(
     [message] = fake_telegram.messages(PRIVATE_CHAT)
     assert message.text == rendered_text(REPLY).strip()
     assert {entity.type for entity in message.entities} == {"bold"}
-    # Paced: drafts at least the configured interval apart (0.05 s in tests).
+    # Paced: drafts the configured interval apart (0.08 s in tests), give or take jitter.
     times = [call.at for call in drafts]
-    assert min(b - a for a, b in itertools.pairwise(times)) >= 0.04
+    assert min(b - a for a, b in itertools.pairwise(times)) >= 0.05
 
 
 async def test_group_sends_then_edits_never_identically(
