@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from bot.errors import ErrorClass
 
@@ -65,6 +65,17 @@ class ReplySink(Protocol):
     async def finish(self, text: str) -> None: ...
 
     async def fail(self, error_class: ErrorClass, user_message: str) -> None: ...
+
+
+@runtime_checkable
+class UsageAwareSink(Protocol):
+    """A sink that sends token counts with its final message (the generic webhook does).
+
+    The runner hands it the turn's usage (``prompt_tokens``, ``cached_tokens``,
+    ``new_tokens``, ``completion_tokens``) just before ``finish``.
+    """
+
+    def set_usage(self, usage: dict[str, int | None]) -> None: ...
 
 
 class Channel(Protocol):

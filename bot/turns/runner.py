@@ -17,7 +17,7 @@ from typing import Any
 import structlog
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from bot.channels.base import ReplySink, TurnAddress
+from bot.channels.base import ReplySink, TurnAddress, UsageAwareSink
 from bot.config import GenerationSettings
 from bot.engine.base import GenerationChunk, GenerationRequest, InferenceEngine
 from bot.errors import USER_MESSAGES, BotError, ContextOverflow, ErrorClass
@@ -159,6 +159,8 @@ class TurnRunner:
             clock.add("queue", final.timings.queue_ms)
             clock.add("prefill", final.timings.prefill_ms)
             clock.add("decode", final.timings.decode_ms)
+        if isinstance(sink, UsageAwareSink):
+            sink.set_usage(self._usage(progress))
         with clock.measure("deliver"):
             await sink.finish(progress.text)
 
