@@ -194,11 +194,11 @@ class FakeSlackApi:
     async def start(self) -> str:
         app = web.Application()
         app.router.add_route("*", "/api/{method}", self._handle)
-        self._runner = web.AppRunner(app, access_log=None)
+        # A short shutdown: a test may leave a deliberately slow call unanswered.
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        await web.TCPSite(self._runner, "127.0.0.1", 0).start()
+        port = self._runner.addresses[0][1]
         self.base_url = f"http://127.0.0.1:{port}/api/"
         return self.base_url
 

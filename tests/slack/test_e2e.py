@@ -376,3 +376,32 @@ async def test_missing_channel_fails_the_turn_as_delivery(
     await idle(client)
     [turn] = await turns_in(sqlite_url)
     assert (turn.status, turn.error_class) == ("failed", "delivery")
+
+
+async def test_each_app_answers_its_own_events_with_its_own_token(
+    slack_api: FakeSlackApi, make_client: MakeClient, sqlite_url: str
+) -> None:
+    slack_api.add_workspace("xoxb-second-app", "T0002OTHER", bot_user_id="UBOT0002")
+    second = {
+        **slack_section(slack_api.base_url)[0],
+        "name": "second",
+        "signing_secret": "second-app-signing-secret",
+        "bot_token": "xoxb-second-app",
+        "app_id": "A0002APP",
+    }
+    client = await make_client(sqlite_url, slack=[*slack_section(slack_api.base_url), second])
+    body = mention("Ev0900SECOND", THREAD)
+    body.update(api_app_id="A0002APP", team_id="T0002OTHER")
+    body["authorizations"][0].update(team_id="T0002OTHER", user_id="UBOT0002")
+    body["event"]["text"] = "<@UBOT0002> hello second app"
+    # Signed with the first app's secret: not the second app's event.
+    status, _, _ = await post_event(client, body)
+    assert status == 200
+    await idle(client)
+    assert await turns_in(sqlite_url) == []
+    status, _, _ = await post_event(client, body, secret="second-app-signing-secret")
+    assert status == 200
+    await idle(client)
+    [turn] = await turns_in(sqlite_url)
+    assert (turn.channel, turn.status) == ("slack:second", "done")
+    assert {c.team_id for c in slack_api.calls} == {"T0002OTHER"}

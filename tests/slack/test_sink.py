@@ -276,6 +276,9 @@ async def test_user_pressing_stop_cancels_delivery(
     with pytest.raises(DeliveryError) as raised:
         await play(sink, "Once upon a time there was a bot.")
     assert raised.value.error_class is ErrorClass.CANCELLED
+    calls = len(slack_api.calls)
+    await sink.fail(ErrorClass.CANCELLED, "Stopped.")
+    assert len(slack_api.calls) == calls, "no apology under a message the user stopped"
 
 
 async def test_never_sends_empty_or_unchanged_text(

@@ -149,7 +149,8 @@ class SlackReplySink:
                 self._wake.set()
                 continue
             except StoppedByUser:
-                self._give_up(ErrorClass.CANCELLED, "stopped_by_user")
+                # The user ended the message; a "Stopped." apology would only be noise.
+                self._give_up(ErrorClass.CANCELLED, "stopped_by_user", fatal=True)
                 return
             except SlackCallError as exc:
                 self.calls_failed += 1
