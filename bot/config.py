@@ -20,6 +20,12 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from bot.channels.slack.settings import SlackAppSettings
 from bot.channels.telegram.settings import TelegramBotSettings
 from bot.channels.webhook.settings import WebhookSettings
+from bot.turns.settings import (
+    CompactionSettings,
+    LimitSettings,
+    PendingMessages,
+    TenancySettings,
+)
 
 DEFAULT_DATA_DIR = Path("data")
 DEFAULT_DEMO_MODEL_DIR = DEFAULT_DATA_DIR / "demo-model"
@@ -83,6 +89,8 @@ class GenerationSettings(_Section):
 
 class ChatSettings(_Section):
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
+    pending_messages: PendingMessages = "one_by_one"
+    """Messages that pile up while a reply is generating: ``coalesce`` answers them in one turn."""
 
 
 class LoggingSettings(_Section):
@@ -104,6 +112,9 @@ class Settings(BaseSettings):
     generation: GenerationSettings = Field(default_factory=GenerationSettings)
     chat: ChatSettings = Field(default_factory=ChatSettings)
     logging: LoggingSettings = Field(default_factory=LoggingSettings)
+    compaction: CompactionSettings = Field(default_factory=CompactionSettings)
+    limits: LimitSettings = Field(default_factory=LimitSettings)
+    tenancy: TenancySettings = Field(default_factory=TenancySettings)
     telegram: list[TelegramBotSettings] = Field(default_factory=list)
     slack: list[SlackAppSettings] = Field(default_factory=list)
     webhooks: list[WebhookSettings] = Field(default_factory=list)

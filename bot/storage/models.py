@@ -176,6 +176,11 @@ class Turn(Base):
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
     started_at: Mapped[dt.datetime | None]
     finished_at: Mapped[dt.datetime | None]
+    # Issue 8: fair use is counted per API key; a coalesced turn points at the turn that
+    # answered it; a turn that rebuilt the conversation's base names that compaction.
+    api_key_id: Mapped[str | None] = mapped_column(String(32))
+    coalesced_into: Mapped[str | None] = mapped_column(String(32))
+    compaction_id: Mapped[str | None] = mapped_column(String(32))
 
 
 class TurnStatus:
@@ -184,3 +189,55 @@ class TurnStatus:
     DONE = "done"
     FAILED = "failed"
     FINAL = frozenset({DONE, FAILED})
+
+
+class Compaction(Base):
+    """A rebuild of a conversation's token-exact base (see ``bot.turns.compaction``).
+
+    The base itself is the ``messages`` row at ``base_seq`` (role ``base``); the
+    history is that row and every entry after it. Entries from ``kept_from_seq``
+    on were re-rendered verbatim; older ones are only in ``summary``.
+    """
+
+    __tablename__ = "compactions"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    conversation_id: Mapped[str] = mapped_column(
+        ForeignKey("conversations.id", ondelete="CASCADE"), index=True
+    )
+    turn_id: Mapped[str] = mapped_column(String(32))
+    base_seq: Mapped[int] = mapped_column(Integer)
+    kept_from_seq: Mapped[int | None] = mapped_column(Integer)
+    summary: Mapped[str | None] = mapped_column(Text)
+    dropped_exchanges: Mapped[int] = mapped_column(Integer)
+    kept_exchanges: Mapped[int] = mapped_column(Integer)
+    tokens_before: Mapped[int] = mapped_column(Integer)
+    tokens_after: Mapped[int] = mapped_column(Integer)
+    reasoning_dropped: Mapped[bool] = mapped_column(default=False)
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+
+
+class LimitOverride(Base):
+    """Per-subject fair-use limits set by ``botctl limits set``; NULL = the configured default."""
+
+    __tablename__ = "limit_overrides"
+
+    subject: Mapped[str] = mapped_column(String(300), primary_key=True)
+    messages_per_minute: Mapped[int | None] = mapped_column(Integer)
+    tokens_per_day: Mapped[int | None] = mapped_column(BigInteger)
+    updated_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+
+
+class UsageCounter(Base):
+    """One fixed-window counter per (subject, metric): the row is reset when its window ends.
+
+    Kept in the database so limits survive restarts and hold across workers;
+    updated with one atomic upsert, so concurrent workers never lose a count.
+    """
+
+    __tablename__ = "usage_counters"
+
+    subject: Mapped[str] = mapped_column(String(300), primary_key=True)
+    metric: Mapped[str] = mapped_column(String(32), primary_key=True)
+    window_start: Mapped[int] = mapped_column(BigInteger)
+    value: Mapped[int] = mapped_column(BigInteger)

@@ -1,0 +1,69 @@
+"""Settings of long conversations, pending messages, fair use and tenant isolation.
+
+Mounted in ``bot.config.Settings`` as the ``[compaction]``, ``[limits]`` and
+``[tenancy]`` sections (``chat.pending_messages`` lives in ``[chat]``).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+
+DEFAULT_HIGH_WATERMARK = 0.9
+DEFAULT_LOW_WATERMARK = 0.5
+DEFAULT_SUMMARY_MAX_TOKENS = 128
+DEFAULT_THINK_OPEN_TAG = "<think>"
+DEFAULT_THINK_CLOSE_TAG = "</think>"
+DEFAULT_MESSAGES_PER_MINUTE = 30
+DEFAULT_TOKENS_PER_DAY = 1_000_000
+
+PendingMessages = Literal["coalesce", "one_by_one"]
+ReasoningAtCompaction = Literal["auto", "keep", "drop"]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class CompactionSettings(_Section):
+    enabled: bool = True
+    high_watermark: float = Field(DEFAULT_HIGH_WATERMARK, gt=0, le=1)
+    """Compact when the next prompt + generation.max_tokens would pass this share of max_model_len."""
+    low_watermark: float = Field(DEFAULT_LOW_WATERMARK, gt=0, lt=1)
+    """The rebuilt prompt + generation.max_tokens stays under this share of max_model_len."""
+    summary: bool = True
+    """Let the model summarise the dropped turns (one extra generation per compaction)."""
+    summary_max_tokens: int = Field(DEFAULT_SUMMARY_MAX_TOKENS, gt=0)
+    reasoning: ReasoningAtCompaction = "auto"
+    """What happens to generated reasoning (``<think>...</think>``) when the base is rebuilt:
+    ``auto`` drops it when the tokenizer or chat template knows the close tag, ``drop`` always
+    cuts up to the close tag, ``keep`` re-renders it. Between compactions it is always kept."""
+    think_open_tag: str = DEFAULT_THINK_OPEN_TAG
+    think_close_tag: str = DEFAULT_THINK_CLOSE_TAG
+
+    @model_validator(mode="after")
+    def _low_below_high(self) -> CompactionSettings:
+        if self.low_watermark >= self.high_watermark:
+            raise ValueError("low_watermark must be below high_watermark")
+        return self
+
+
+class LimitSettings(_Section):
+    """Defaults for every API key and platform user; ``botctl limits set`` overrides per subject.
+
+    0 means no limit.
+    """
+
+    messages_per_minute: int = Field(DEFAULT_MESSAGES_PER_MINUTE, ge=0)
+    tokens_per_day: int = Field(DEFAULT_TOKENS_PER_DAY, ge=0)
+    """Tokens the engine computed for the subject's turns in a UTC day: prompt tokens not
+    served from the prefix cache plus generated tokens."""
+
+
+class TenancySettings(_Section):
+    isolate_cache: bool = True
+    """Give every tenant its own vLLM cache_salt, so tenants never share KV blocks."""
+    cache_salt_secret: SecretStr | None = None
+    """HMAC key of the salts. Set it (``BOT_TENANCY__CACHE_SALT_SECRET``) when several workers
+    share engines; unset, each process draws a random one (and logs a warning)."""
