@@ -1,0 +1,190 @@
+"""Conversation administration: list, show, export and delete (``botctl conversations ...``).
+
+Delete is the right to be forgotten: it erases the conversation with its
+messages, turns and inbound events, and says how many rows of each it removed.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Select, delete, func, select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from bot.storage.models import Conversation, InboundEvent, Message, Turn
+from bot.storage.queries import as_utc
+
+
+@dataclass(frozen=True)
+class Selector:
+    """Which conversations a command acts on; empty fields do not filter."""
+
+    ids: tuple[str, ...] = ()
+    owner: str | None = None
+    channel: str | None = None
+    external_key: str | None = None
+
+    @property
+    def is_empty(self) -> bool:
+        return not (self.ids or self.owner or self.channel or self.external_key)
+
+    def apply(self, query: Select[Any]) -> Select[Any]:
+        if self.ids:
+            query = query.where(Conversation.id.in_(self.ids))
+        if self.owner is not None:
+            query = query.where(Conversation.owner == self.owner)
+        if self.channel is not None:
+            query = query.where(Conversation.channel == self.channel)
+        if self.external_key is not None:
+            query = query.where(Conversation.external_key == self.external_key)
+        return query
+
+
+def _iso(value: dt.datetime | None) -> str | None:
+    return as_utc(value).isoformat() if value is not None else None
+
+
+def conversation_dict(conversation: Conversation) -> dict[str, Any]:
+    return {
+        "id": conversation.id,
+        "owner": conversation.owner,
+        "channel": conversation.channel,
+        "external_key": conversation.external_key,
+        "created_at": _iso(conversation.created_at),
+        "updated_at": _iso(conversation.updated_at),
+        "closed_at": _iso(conversation.closed_at),
+    }
+
+
+def turn_dict(turn: Turn) -> dict[str, Any]:
+    return {
+        "id": turn.id,
+        "seq": turn.seq,
+        "status": turn.status,
+        "user_id": turn.user_id,
+        "user_text": turn.user_text,
+        "reply_text": turn.reply_text,
+        "error_class": turn.error_class,
+        "prompt_tokens": turn.prompt_tokens,
+        "cached_tokens": turn.cached_tokens,
+        "completion_tokens": turn.completion_tokens,
+        "created_at": _iso(turn.created_at),
+        "finished_at": _iso(turn.finished_at),
+    }
+
+
+async def list_conversations(
+    session: AsyncSession, selector: Selector, *, limit: int | None = None
+) -> list[dict[str, Any]]:
+    """Newest first, each with its number of turns."""
+    turn_count = (
+        select(func.count())
+        .select_from(Turn)
+        .where(Turn.conversation_id == Conversation.id)
+        .scalar_subquery()
+    )
+    query = selector.apply(select(Conversation, turn_count)).order_by(
+        Conversation.updated_at.desc(), Conversation.id
+    )
+    if limit is not None:
+        query = query.limit(limit)
+    rows = (await session.execute(query)).all()
+    return [{**conversation_dict(conv), "turns": int(count)} for conv, count in rows]
+
+
+async def load_conversation(session: AsyncSession, conversation_id: str) -> dict[str, Any] | None:
+    """A conversation with its turns and messages (text only: token ids stay in the database)."""
+    conversation = await session.get(Conversation, conversation_id)
+    if conversation is None:
+        return None
+    turns = (
+        await session.scalars(
+            select(Turn).where(Turn.conversation_id == conversation_id).order_by(Turn.seq)
+        )
+    ).all()
+    messages = (
+        await session.execute(
+            select(Message.seq, Message.role, Message.text, Message.turn_id, Message.created_at)
+            .where(Message.conversation_id == conversation_id)
+            .order_by(Message.seq)
+        )
+    ).all()
+    return {
+        **conversation_dict(conversation),
+        "turns": [turn_dict(turn) for turn in turns],
+        "messages": [
+            {
+                "seq": seq,
+                "role": role,
+                "text": text,
+                "turn_id": turn_id,
+                "created_at": _iso(created_at),
+            }
+            for seq, role, text, turn_id, created_at in messages
+        ],
+    }
+
+
+async def selected_ids(session: AsyncSession, selector: Selector) -> list[str]:
+    query = selector.apply(select(Conversation.id)).order_by(
+        Conversation.created_at, Conversation.id
+    )
+    return list((await session.scalars(query)).all())
+
+
+async def export_conversations(
+    session: AsyncSession, ids: Sequence[str]
+) -> AsyncIterator[dict[str, Any]]:
+    """One document per conversation, loaded one at a time (exports can be large)."""
+    for conversation_id in ids:
+        document = await load_conversation(session, conversation_id)
+        if document is not None:
+            yield document
+
+
+@dataclass(frozen=True)
+class Removed:
+    conversations: int = 0
+    turns: int = 0
+    messages: int = 0
+    inbound_events: int = 0
+
+    def __add__(self, other: Removed) -> Removed:
+        return Removed(
+            self.conversations + other.conversations,
+            self.turns + other.turns,
+            self.messages + other.messages,
+            self.inbound_events + other.inbound_events,
+        )
+
+
+def _rowcount(result: Any) -> int:
+    return int(getattr(result, "rowcount", 0) or 0)
+
+
+async def delete_conversation(session: AsyncSession, conversation_id: str) -> Removed:
+    """Erase one conversation and everything recorded under it.
+
+    Deleted explicitly, child tables first, rather than by the foreign keys'
+    cascade: the counts are the report, and the dedupe rows of the inbound
+    events go too (they hold the platform's event ids).
+    """
+    messages = await session.execute(
+        delete(Message).where(Message.conversation_id == conversation_id)
+    )
+    events = await session.execute(
+        delete(InboundEvent).where(InboundEvent.conversation_id == conversation_id)
+    )
+    turns = await session.execute(delete(Turn).where(Turn.conversation_id == conversation_id))
+    conversations = await session.execute(
+        delete(Conversation).where(Conversation.id == conversation_id)
+    )
+    return Removed(
+        conversations=_rowcount(conversations),
+        turns=_rowcount(turns),
+        messages=_rowcount(messages),
+        inbound_events=_rowcount(events),
+    )
