@@ -47,6 +47,12 @@ class ServerSettings(_Section):
     max_text_chars: int = Field(DEFAULT_MAX_TEXT_CHARS, gt=0)
     """A message with more characters is refused with 400 and never stored."""
     shutdown_grace_s: float = Field(30.0, ge=0)
+    public_url: str | None = None
+    """Public HTTPS base URL platforms reach this service at; ``botctl doctor`` checks webhooks."""
+    admin_host: str = "127.0.0.1"
+    admin_port: int | None = Field(None, ge=0, le=65535)
+    """When set, /healthz, /readyz and /metrics are also served here without a key (keep it
+    private); on the main port /metrics needs an admin-scope key."""
 
 
 class DatabaseSettings(_Section):

@@ -1,0 +1,13 @@
+"""``botctl doctor``: walk the layers a message passes and stop at the first that fails.
+
+Layers, top to bottom: config, database, migrations, model (folder and
+tokenizer), engine (the local vLLM starts and generates a token, or every
+remote server answers the OpenAI API), then each configured platform
+(Telegram, Slack). Each check reports its layer, ok/fail, time, an error class
+and a one-line hint for the usual causes.
+"""
+
+from bot.doctor.report import CheckResult, DoctorFailure, render_json, render_text
+from bot.doctor.walk import run_doctor
+
+__all__ = ["CheckResult", "DoctorFailure", "render_json", "render_text", "run_doctor"]

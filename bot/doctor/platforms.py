@@ -1,0 +1,83 @@
+"""Doctor checks of the platforms: each bot's credentials, and where its webhook points."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import aiohttp
+
+from bot.channels.slack.api import SlackApi, SlackCallError, make_client
+from bot.channels.slack.settings import SlackAppSettings
+from bot.channels.telegram.api import TelegramApi, TelegramApiError
+from bot.channels.telegram.settings import TelegramBotSettings
+from bot.doctor.report import CONFIG, DoctorFailure
+from bot.errors import ErrorClass
+
+_TELEGRAM_HINTS = {
+    ErrorClass.AUTH: "the token is wrong or revoked: copy it again from @BotFather",
+    ErrorClass.NETWORK: "api.telegram.org is unreachable from here: DNS, firewall or proxy",
+    ErrorClass.TIMEOUT: "api.telegram.org did not answer in time: firewall or proxy",
+}
+_SLACK_HINTS = {
+    ErrorClass.AUTH: "bot_token is wrong, revoked, or the app was uninstalled from the workspace",
+    ErrorClass.NETWORK: "slack.com is unreachable from here: DNS, firewall or proxy",
+    ErrorClass.TIMEOUT: "slack.com did not answer in time: firewall or proxy",
+}
+
+
+def expected_telegram_webhook(public_url: str | None, bot: TelegramBotSettings) -> str | None:
+    if not public_url:
+        return None
+    from bot.channels.telegram.cli import webhook_url
+
+    return webhook_url(public_url, bot.name)
+
+
+async def check_telegram(
+    http: aiohttp.ClientSession, bot: TelegramBotSettings, public_url: str | None
+) -> str:
+    api = TelegramApi.from_settings(http, bot)
+    try:
+        me: Any = await api.call("getMe")
+        info: Any = await api.call("getWebhookInfo")
+    except TelegramApiError as exc:
+        # The error text never holds the token (the client keeps it out).
+        raise DoctorFailure(
+            exc.error_class.value, str(exc), _TELEGRAM_HINTS.get(exc.error_class)
+        ) from None
+    username = me.get("username", "?") if isinstance(me, dict) else "?"
+    url = str(info.get("url", "")) if isinstance(info, dict) else ""
+    set_webhook = f"run `botctl telegram set-webhook {bot.name} --url https://<public host>`"
+    if not url:
+        raise DoctorFailure(CONFIG, f"@{username}: no webhook is set", set_webhook)
+    expected = expected_telegram_webhook(public_url, bot)
+    path = f"/telegram/{bot.name}"
+    if (expected is not None and url != expected) or (expected is None and not url.endswith(path)):
+        raise DoctorFailure(
+            CONFIG,
+            f"@{username}: webhook points at {url}, not at {expected or '...' + path}",
+            set_webhook,
+        )
+    detail = f"@{username}, webhook {url}"
+    pending = info.get("pending_update_count") if isinstance(info, dict) else None
+    if pending:
+        detail += f", {pending} update(s) waiting"
+    last_error = info.get("last_error_message") if isinstance(info, dict) else None
+    if last_error:
+        detail += f", Telegram's last delivery error: {last_error}"
+    return detail
+
+
+async def check_slack(http: aiohttp.ClientSession, app: SlackAppSettings) -> str:
+    api = SlackApi(make_client(app, http), timeout_s=app.api_timeout_s)
+    try:
+        data = await api.auth_test()
+    except SlackCallError as exc:
+        raise DoctorFailure(
+            exc.error_class.value, str(exc), _SLACK_HINTS.get(exc.error_class)
+        ) from None
+    # Slack offers no API to read an app's Events request URL: that part stays manual.
+    return (
+        f"team {data.get('team_id', '?')}, bot user {data.get('user_id', '?')} "
+        "(Events request URL: check it in the app's settings)"
+    )

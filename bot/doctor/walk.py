@@ -1,0 +1,189 @@
+"""The doctor's walk: run the layer checks in order, time each, stop at the first failure."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Collection
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from bot.config import ConfigError, Settings, load_settings
+from bot.doctor import model, platforms, remote, storage
+from bot.doctor.report import CONFIG, CheckResult, DoctorFailure
+from bot.engine.base import InferenceEngine
+from bot.errors import ErrorClass
+from bot.turns.chat_format import ChatFormat
+
+REMOTE_TIMEOUT_S = 10.0
+PLATFORM_TIMEOUT_S = 15.0
+
+Emit = Callable[[CheckResult], None]
+Announce = Callable[[str], None]
+
+
+def _load(config_path: str | Path | None) -> Settings:
+    try:
+        return load_settings(config_path)
+    except ConfigError as exc:
+        raise DoctorFailure(
+            CONFIG, str(exc).replace("\n", "; "), "fix the named keys (file or BOT_* variables)"
+        ) from exc
+
+
+class _Walk:
+    def __init__(self, emit: Emit) -> None:
+        self.results: list[CheckResult] = []
+        self._emit = emit
+
+    async def step(self, layer: str, check: Callable[[], Awaitable[str]]) -> bool:
+        started = time.perf_counter()
+        try:
+            detail = await check()
+        except DoctorFailure as exc:
+            result = CheckResult(
+                layer,
+                False,
+                (time.perf_counter() - started) * 1000,
+                exc.message,
+                exc.error_class,
+                exc.hint,
+            )
+        except Exception as exc:  # a check's own bug must still give a line, not a traceback
+            result = CheckResult(
+                layer,
+                False,
+                (time.perf_counter() - started) * 1000,
+                f"{type(exc).__name__}: {str(exc)[:300]}",
+                ErrorClass.INTERNAL.value,
+            )
+        else:
+            result = CheckResult(layer, True, (time.perf_counter() - started) * 1000, detail)
+        self.results.append(result)
+        self._emit(result)
+        return result.ok
+
+    def skip(self, layer: str, why: str) -> None:
+        result = CheckResult(layer, True, 0.0, why, skipped=True)
+        self.results.append(result)
+        self._emit(result)
+
+
+async def run_doctor(
+    config_path: str | Path | None,
+    *,
+    engine: InferenceEngine | None = None,
+    skip: Collection[str] = (),
+    emit: Emit = lambda _result: None,
+    announce: Announce = lambda _text: None,
+) -> list[CheckResult]:
+    """Check every layer top to bottom; the last result is the first failure, if any.
+
+    ``engine``: an already started local engine to probe instead of starting
+    one (tests share theirs). ``skip``: layer groups to leave out
+    (``engine``, ``platforms``).
+    """
+    walk = _Walk(emit)
+    loaded: dict[str, Any] = {}
+
+    async def config() -> str:
+        settings = _load(config_path)
+        loaded["settings"] = settings
+        source = str(config_path) if config_path else "defaults and environment"
+        return (
+            f"{source}: engine {settings.engine.kind}, {len(settings.telegram)} telegram, "
+            f"{len(settings.slack)} slack"
+        )
+
+    if not await walk.step("config", config):
+        return walk.results
+    settings: Settings = loaded["settings"]
+
+    async def database() -> str:
+        return await storage.check_database(settings)
+
+    async def migrations() -> str:
+        return await storage.check_migrations(settings)
+
+    async def model_folder() -> str:
+        return model.check_model_folder(settings)
+
+    async def tokenizer() -> str:
+        detail, loaded["chat_format"] = model.check_tokenizer(settings)
+        return detail
+
+    for layer, check in (
+        ("database", database),
+        ("migrations", migrations),
+        ("model", model_folder),
+        ("tokenizer", tokenizer),
+    ):
+        if not await walk.step(layer, check):
+            return walk.results
+    chat_format: ChatFormat = loaded["chat_format"]
+
+    if "engine" in skip:
+        walk.skip("engine", "skipped (--skip engine)")
+    elif settings.engine.kind == "local":
+        announce("starting the local vLLM engine (about 30 s on the demo model) ...")
+
+        async def local_engine() -> str:
+            return await model.check_local_engine(settings, chat_format, engine)
+
+        if not await walk.step("engine", local_engine):
+            return walk.results
+    elif not await _remote_engines(walk, settings, chat_format):
+        return walk.results
+
+    if "platforms" in skip:
+        walk.skip("platforms", "skipped (--skip platforms)")
+        return walk.results
+    async with aiohttp.ClientSession(
+        timeout=aiohttp.ClientTimeout(total=PLATFORM_TIMEOUT_S)
+    ) as http:
+        for bot in settings.telegram:
+
+            async def telegram(bot: Any = bot) -> str:
+                return await platforms.check_telegram(http, bot, settings.server.public_url)
+
+            if not await walk.step(f"telegram:{bot.name}", telegram):
+                return walk.results
+        for app in settings.slack:
+
+            async def slack(app: Any = app) -> str:
+                return await platforms.check_slack(http, app)
+
+            if not await walk.step(f"slack:{app.name}", slack):
+                return walk.results
+    return walk.results
+
+
+async def _remote_engines(walk: _Walk, settings: Settings, chat_format: ChatFormat) -> bool:
+    engine = settings.engine
+    if not engine.base_urls:
+
+        async def missing() -> str:
+            raise DoctorFailure(
+                CONFIG,
+                'engine.kind is "openai" but engine.base_urls is empty',
+                'set engine.base_urls = ["http://vllm-host:8000"]',
+            )
+
+        return await walk.step("engine", missing)
+    model_name = engine.served_model_name or engine.model
+    api_key = engine.api_key.get_secret_value() if engine.api_key else None
+    prompt = chat_format.first_turn(model.PROBE_TEXT).token_ids
+    timeout = aiohttp.ClientTimeout(total=min(REMOTE_TIMEOUT_S, engine.request_timeout_s))
+    # trust_env: the service's own client honours HTTP(S)_PROXY, so the doctor does too.
+    async with aiohttp.ClientSession(timeout=timeout, trust_env=True) as http:
+        for base_url in engine.base_urls:
+
+            async def probe(base_url: str = base_url) -> str:
+                return await remote.probe_openai_server(
+                    http, base_url, model=model_name, api_key=api_key, prompt_token_ids=prompt
+                )
+
+            if not await walk.step(f"engine {base_url}", probe):
+                return False
+    return True
