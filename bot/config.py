@@ -78,6 +78,17 @@ class EngineSettings(_Section):
     api_key: SecretStr | None = None
     served_model_name: str | None = None
     request_timeout_s: float = Field(120.0, gt=0)
+    """Longest silence tolerated from a remote server (before and between streamed chunks)."""
+    connect_timeout_s: float = Field(5.0, gt=0)
+    session_header: str = "x-session-id"
+    """Carries the conversation id, so a vLLM router in front keeps the same affinity."""
+    max_attempts: int = Field(3, ge=1)
+    """Tries per turn across replicas, counted only while nothing has been streamed."""
+    retry_backoff_s: float = Field(0.2, ge=0)
+    """Base of the jittered exponential backoff between tries."""
+    breaker_failures: int = Field(3, ge=1)
+    """Failures in a row that open a replica's circuit breaker."""
+    breaker_cooldown_s: float = Field(10.0, gt=0)
 
     @field_validator("block_size")
     @classmethod
@@ -85,6 +96,18 @@ class EngineSettings(_Section):
         if value % 16:
             raise ValueError("must be a multiple of 16 (32 on CPU)")
         return value
+
+
+class WorkerSettings(_Section):
+    """Several ``botctl serve`` processes on one PostgreSQL share the turns (docs/scaling.md)."""
+
+    id: str | None = None
+    """This process's name in turn leases; default host:pid:random. A fixed id lets a
+    restarted worker take its own interrupted turns back at once instead of after the lease."""
+    lease_s: float = Field(30.0, gt=0)
+    """A running turn's lease; renewed every lease_s / 3; another worker takes over after it."""
+    poll_interval_s: float = Field(1.0, gt=0)
+    """How often a worker looks for turns accepted elsewhere or left by a dead worker."""
 
 
 class GenerationSettings(_Section):
@@ -116,6 +139,7 @@ class Settings(BaseSettings):
     database: DatabaseSettings = Field(default_factory=DatabaseSettings)
     engine: EngineSettings = Field(default_factory=EngineSettings)
     generation: GenerationSettings = Field(default_factory=GenerationSettings)
+    workers: WorkerSettings = Field(default_factory=WorkerSettings)
     chat: ChatSettings = Field(default_factory=ChatSettings)
     logging: LoggingSettings = Field(default_factory=LoggingSettings)
     compaction: CompactionSettings = Field(default_factory=CompactionSettings)

@@ -18,6 +18,7 @@ from aiohttp import web
 from bot.channels.registry import CHANNEL_SETUPS
 from bot.config import Settings
 from bot.engine.base import InferenceEngine
+from bot.http import ops
 from bot.http.keys import (
     ENGINE,
     HTTP_CLIENT,
@@ -53,7 +54,9 @@ def build_engine(settings: Settings) -> InferenceEngine:
         from bot.engine.vllm_local import LocalVLLMEngine
 
         return LocalVLLMEngine(settings.engine)
-    raise NotImplementedError(f"engine.kind = {settings.engine.kind!r} is not available yet")
+    from bot.engine.openai_remote import OpenAIRemoteEngine
+
+    return OpenAIRemoteEngine(settings.engine)
 
 
 async def create_app(
@@ -77,6 +80,7 @@ async def create_app(
     app[TURNS] = turns
     http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30))
     app[HTTP_CLIENT] = http
+    metrics = ops.setup(app)
 
     async def lifetime(app: web.Application) -> AsyncIterator[None]:
         if owns_engine:
@@ -93,13 +97,15 @@ async def create_app(
                 streams=turns.streams,
                 generation=settings.generation,
                 open_reply=turns.open_reply,
+                observers=[metrics.observe_turn],
             )
         )
         await turns.recover()
         log.info("service_started", host=settings.server.host, port=settings.server.port)
         yield
-        cancelled = await turns.shutdown(settings.server.shutdown_grace_s)
-        log.info("service_stopping", cancelled_turns=cancelled)
+        # ops.drain (on_shutdown) has drained the turns already; this is a no-op then.
+        await turns.shutdown(settings.server.shutdown_grace_s)
+        log.info("service_stopping")
         await http.close()
         if owns_engine:
             await inference.shutdown()
