@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 DEMO_VOCAB_SIZE = 2048
 DEMO_HIDDEN_SIZE = 128
@@ -39,7 +40,8 @@ CHAT_TEMPLATE = (
 # A few paragraphs of plain English so the BPE learns ordinary words.
 _CORPUS = """\
 Hello! How are you today? I am fine, thank you. What can I do for you?
-The quick brown fox jumps over the lazy dog. A journey of a thousand miles begins with a single step.
+The quick brown fox jumps over the lazy dog.
+A journey of a thousand miles begins with a single step.
 Please tell me about the weather in Paris, London, Berlin and Tokyo this week.
 You are a helpful assistant. Answer briefly and politely, and ask when something is unclear.
 Numbers: 0 1 2 3 4 5 6 7 8 9 10 11 12 100 1000 2026. Dates like 2026-11-30 and times like 12:30.
@@ -68,6 +70,13 @@ def _train_tokenizer(vocab_size: int):  # type: ignore[no-untyped-def]
     return tokenizer
 
 
+def _token_id(tokenizer: Any, token: str) -> int:
+    token_id = tokenizer.convert_tokens_to_ids(token)
+    if not isinstance(token_id, int):
+        raise TypeError(f"special token {token!r} has no single id")
+    return token_id
+
+
 def build_demo_model(target: Path, seed: int = DEMO_SEED) -> Path:
     """Write a loadable Hugging Face model folder at ``target`` and return it.
 
@@ -84,7 +93,7 @@ def build_demo_model(target: Path, seed: int = DEMO_SEED) -> Path:
     target.mkdir(parents=True, exist_ok=True)
 
     raw = _train_tokenizer(DEMO_VOCAB_SIZE)
-    tokenizer = PreTrainedTokenizerFast(
+    tokenizer = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
         tokenizer_object=raw,
         bos_token=BOS_TOKEN,
         eos_token=IM_END,
@@ -102,13 +111,12 @@ def build_demo_model(target: Path, seed: int = DEMO_SEED) -> Path:
         num_attention_heads=DEMO_HEADS,
         num_key_value_heads=DEMO_HEADS,
         max_position_embeddings=DEMO_MAX_POSITIONS,
-        bos_token_id=tokenizer.convert_tokens_to_ids(BOS_TOKEN),
-        eos_token_id=tokenizer.convert_tokens_to_ids(IM_END),
-        pad_token_id=tokenizer.convert_tokens_to_ids(PAD_TOKEN),
+        bos_token_id=_token_id(tokenizer, BOS_TOKEN),
+        eos_token_id=_token_id(tokenizer, IM_END),
+        pad_token_id=_token_id(tokenizer, PAD_TOKEN),
         tie_word_embeddings=False,
-        torch_dtype="float32",
     )
-    model = LlamaForCausalLM(config)
+    model = LlamaForCausalLM(config)  # type: ignore[no-untyped-call]
     model.save_pretrained(target, safe_serialization=True)
     # Written last: its presence means the folder is complete.
     marker.write_text(json.dumps({"seed": seed, "vocab_size": DEMO_VOCAB_SIZE}) + "\n")

@@ -25,7 +25,7 @@ from __future__ import annotations
 import enum
 
 
-class ErrorClass(str, enum.Enum):
+class ErrorClass(enum.StrEnum):
     AUTH = "auth"
     BAD_REQUEST = "bad_request"
     CONTEXT_OVERFLOW = "context_overflow"

@@ -29,7 +29,9 @@ from bot.storage.db import create_engine, create_sessionmaker
 from bot.storage.migrate import upgrade
 from bot.turns.chat_format import ChatFormat, load_tokenizer
 
-POSTGRES_ADMIN_DSN = os.environ.get("BOT_TEST_POSTGRES_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
+POSTGRES_ADMIN_DSN = os.environ.get(
+    "BOT_TEST_POSTGRES_DSN", "postgresql://postgres@127.0.0.1:5432/postgres"
+)
 TEST_MAX_MODEL_LEN = 1024
 TEST_BLOCK_SIZE = 32
 TEST_SYSTEM_PROMPT = "You are a test assistant."
@@ -158,7 +160,7 @@ MakeClient = Callable[..., Awaitable[TestClient[Any, Any]]]
 async def make_client(
     engine: LocalVLLMEngine, engine_settings: EngineSettings, chat_format: ChatFormat
 ) -> AsyncIterator[MakeClient]:
-    """``await make_client(db_url, **sections)``: the real app on 127.0.0.1 around the shared engine."""
+    """``await make_client(db_url, **sections)``: the real app on 127.0.0.1, shared engine."""
     from bot.http.app import create_app
 
     clients: list[TestClient[Any, Any]] = []

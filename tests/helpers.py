@@ -31,7 +31,9 @@ async def read_sse(response: ClientResponse) -> list[SseEvent]:
         line = raw.decode().rstrip("\n")
         if not line:
             if fields:
-                events.append(SseEvent(fields.get("id", ""), fields["event"], json.loads(fields["data"])))
+                events.append(
+                    SseEvent(fields.get("id", ""), fields["event"], json.loads(fields["data"]))
+                )
                 fields = {}
             continue
         name, _, value = line.partition(": ")
@@ -66,7 +68,9 @@ async def load_turns(db_url: str) -> list[Turn]:
         await engine.dispose()
 
 
-async def load_messages(db_url: str, conversation_id: str) -> list[tuple[str, list[int], str | None]]:
+async def load_messages(
+    db_url: str, conversation_id: str
+) -> list[tuple[str, list[int], str | None]]:
     """(role, token ids, turn id) of a conversation's history entries, in order."""
     engine = create_engine(db_url)
     try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import itertools
 import json
 
 import pytest
@@ -36,7 +37,17 @@ async def test_post_acknowledges_then_streams(db_url: str, make_client: MakeClie
     assert done["text"] == reply_text(events) != ""
     assert done["usage"]["prompt_tokens"] > 0
     assert done["usage"]["completion_tokens"] > 0
-    for layer in ("ingress", "auth", "persist", "history", "tokenize", "queue", "prefill", "decode", "deliver"):
+    for layer in (
+        "ingress",
+        "auth",
+        "persist",
+        "history",
+        "tokenize",
+        "queue",
+        "prefill",
+        "decode",
+        "deliver",
+    ):
         assert layer in done["timings_ms"]
     assert done["timings_ms"]["ttft"] > 0
     assert done["timings_ms"]["e2e"] >= done["timings_ms"]["ttft"]
@@ -67,7 +78,9 @@ async def test_late_subscriber_gets_the_whole_reply_and_can_resume(
 ) -> None:
     client = await make_client(db_url)
     key = await issue_key(db_url)
-    body = await (await client.post("/v1/messages", json=message("c1", "m1"), headers=auth(key))).json()
+    body = await (
+        await client.post("/v1/messages", json=message("c1", "m1"), headers=auth(key))
+    ).json()
     first = await read_sse(await client.get(body["stream_url"], headers=auth(key)))
     full = first[-1].data["text"]
 
@@ -97,7 +110,10 @@ async def test_same_message_id_is_one_turn_and_one_generation(
     client = await make_client(db_url)
     key = await issue_key(db_url)
     responses = await asyncio.gather(
-        *(client.post("/v1/messages", json=message("c1", "m1"), headers=auth(key)) for _ in range(4))
+        *(
+            client.post("/v1/messages", json=message("c1", "m1"), headers=auth(key))
+            for _ in range(4)
+        )
     )
     bodies = [await response.json() for response in responses]
     assert {response.status for response in responses} == {202}
@@ -115,7 +131,9 @@ async def test_turns_of_one_conversation_run_in_order(db_url: str, make_client: 
     key = await issue_key(db_url)
     responses = await asyncio.gather(
         *(
-            client.post("/v1/messages", json=message("c1", f"m{i}", f"message {i}"), headers=auth(key))
+            client.post(
+                "/v1/messages", json=message("c1", f"m{i}", f"message {i}"), headers=auth(key)
+            )
             for i in range(5)
         )
     )
@@ -123,7 +141,7 @@ async def test_turns_of_one_conversation_run_in_order(db_url: str, make_client: 
     await client.server.app[TURNS].wait_idle(timeout=120)
     turns = sorted(await load_turns(db_url), key=lambda turn: turn.seq)
     assert [turn.status for turn in turns] == ["done"] * 5
-    for earlier, later in zip(turns, turns[1:], strict=False):
+    for earlier, later in itertools.pairwise(turns):
         assert earlier.finished_at is not None and later.started_at is not None
         assert as_utc(later.started_at) >= as_utc(earlier.finished_at)
     # The history holds the exchanges in turn order, user then assistant.
@@ -137,7 +155,10 @@ async def test_conversations_run_concurrently(sqlite_url: str, make_client: Make
     client = await make_client(sqlite_url, generation={"max_tokens": 96})
     key = await issue_key(sqlite_url)
     await asyncio.gather(
-        *(client.post("/v1/messages", json=message(f"c{i}", "m1"), headers=auth(key)) for i in range(4))
+        *(
+            client.post("/v1/messages", json=message(f"c{i}", "m1"), headers=auth(key))
+            for i in range(4)
+        )
     )
     await client.server.app[TURNS].wait_idle(timeout=120)
     turns = await load_turns(sqlite_url)
@@ -151,28 +172,70 @@ async def test_conversations_run_concurrently(sqlite_url: str, make_client: Make
 BAD_REQUESTS = [
     pytest.param({}, b"not json at all", 400, "bad_request", id="malformed-json"),
     pytest.param({}, b"[1, 2]", 400, "bad_request", id="json-not-object"),
-    pytest.param({}, json.dumps({"conversation_id": "c1", "text": "hi"}).encode(), 400, "bad_request", id="missing-message-id"),
-    pytest.param({}, json.dumps({"conversation_id": "c1", "message_id": "m", "text": ""}).encode(), 400, "bad_request", id="empty-text"),
-    pytest.param({}, json.dumps({**message("c1", "m1"), "extra": 1}).encode(), 400, "bad_request", id="unknown-field"),
-    pytest.param({}, json.dumps(message("c1", "m1", "x" * 2001)).encode(), 400, "bad_request", id="text-too-long"),
-    pytest.param({}, json.dumps(message("c1", "m1", "x" * 5000)).encode(), 413, "too_large", id="body-too-large"),
+    pytest.param(
+        {},
+        json.dumps({"conversation_id": "c1", "text": "hi"}).encode(),
+        400,
+        "bad_request",
+        id="missing-message-id",
+    ),
+    pytest.param(
+        {},
+        json.dumps({"conversation_id": "c1", "message_id": "m", "text": ""}).encode(),
+        400,
+        "bad_request",
+        id="empty-text",
+    ),
+    pytest.param(
+        {},
+        json.dumps({**message("c1", "m1"), "extra": 1}).encode(),
+        400,
+        "bad_request",
+        id="unknown-field",
+    ),
+    pytest.param(
+        {},
+        json.dumps(message("c1", "m1", "x" * 2001)).encode(),
+        400,
+        "bad_request",
+        id="text-too-long",
+    ),
+    pytest.param(
+        {},
+        json.dumps(message("c1", "m1", "x" * 5000)).encode(),
+        413,
+        "too_large",
+        id="body-too-large",
+    ),
 ]
 
 
 @pytest.mark.parametrize(("headers", "body", "status", "error"), BAD_REQUESTS)
 async def test_bad_input_is_refused_and_nothing_is_stored(
-    db_url: str, make_client: MakeClient, headers: dict[str, str], body: bytes, status: int, error: str
+    db_url: str,
+    make_client: MakeClient,
+    headers: dict[str, str],
+    body: bytes,
+    status: int,
+    error: str,
 ) -> None:
     client = await make_client(db_url, server={"max_body_bytes": 4096, "max_text_chars": 2000})
     key = await issue_key(db_url)
     response = await client.post(
-        "/v1/messages", data=body, headers={**auth(key), "Content-Type": "application/json", **headers}
+        "/v1/messages",
+        data=body,
+        headers={**auth(key), "Content-Type": "application/json", **headers},
     )
     assert response.status == status
     document = await response.json()
     assert document["error"] == error
     assert document["reason"]
-    assert await count_rows(db_url) == {"conversations": 0, "turns": 0, "inbound_events": 0, "messages": 0}
+    assert await count_rows(db_url) == {
+        "conversations": 0,
+        "turns": 0,
+        "inbound_events": 0,
+        "messages": 0,
+    }
 
 
 @pytest.mark.parametrize(
@@ -193,15 +256,24 @@ async def test_missing_or_wrong_key_is_401_and_nothing_is_stored(
         response = await client.post("/v1/messages", json=message("c1", "m1"), headers=attempt)
         assert response.status == 401
         assert (await response.json())["error"] == "auth"
-    assert await count_rows(db_url) == {"conversations": 0, "turns": 0, "inbound_events": 0, "messages": 0}
+    assert await count_rows(db_url) == {
+        "conversations": 0,
+        "turns": 0,
+        "inbound_events": 0,
+        "messages": 0,
+    }
 
 
 async def test_owners_never_see_each_other(db_url: str, make_client: MakeClient) -> None:
     client = await make_client(db_url)
     alice = await issue_key(db_url, "alice")
     bob = await issue_key(db_url, "bob")
-    a = await (await client.post("/v1/messages", json=message("shared", "m1"), headers=auth(alice))).json()
-    b = await (await client.post("/v1/messages", json=message("shared", "m1"), headers=auth(bob))).json()
+    a = await (
+        await client.post("/v1/messages", json=message("shared", "m1"), headers=auth(alice))
+    ).json()
+    b = await (
+        await client.post("/v1/messages", json=message("shared", "m1"), headers=auth(bob))
+    ).json()
     assert a["turn_id"] != b["turn_id"] and not b["duplicate"]
     await client.server.app[TURNS].wait_idle(timeout=60)
 
@@ -219,7 +291,9 @@ async def test_owners_never_see_each_other(db_url: str, make_client: MakeClient)
 async def test_cancel_stops_a_running_turn(sqlite_url: str, make_client: MakeClient) -> None:
     client = await make_client(sqlite_url, generation={"max_tokens": 600})
     key = await issue_key(sqlite_url)
-    body = await (await client.post("/v1/messages", json=message("c1", "m1"), headers=auth(key))).json()
+    body = await (
+        await client.post("/v1/messages", json=message("c1", "m1"), headers=auth(key))
+    ).json()
     stream = await client.get(body["stream_url"], headers=auth(key))
     await stream.content.readline()  # the first delta has arrived: generation is under way
     cancel = await client.post(f"/v1/turns/{body['turn_id']}/cancel", headers=auth(key))
@@ -232,12 +306,16 @@ async def test_cancel_stops_a_running_turn(sqlite_url: str, make_client: MakeCli
     assert status["usage"]["completion_tokens"] < 600
 
     # The service goes on: the next message in the same conversation is answered.
-    after = await (await client.post("/v1/messages", json=message("c1", "m2"), headers=auth(key))).json()
+    after = await (
+        await client.post("/v1/messages", json=message("c1", "m2"), headers=auth(key))
+    ).json()
     events = await read_sse(await client.get(after["stream_url"], headers=auth(key)))
     assert events[-1].kind == "done"
 
 
-async def test_expired_and_revoked_keys_are_refused(sqlite_url: str, make_client: MakeClient) -> None:
+async def test_expired_and_revoked_keys_are_refused(
+    sqlite_url: str, make_client: MakeClient
+) -> None:
     from sqlalchemy import update
 
     from bot.storage.db import create_engine, create_sessionmaker

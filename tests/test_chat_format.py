@@ -28,10 +28,16 @@ def full_rendering(tokenizer: Any, turns: list[tuple[str, str]], last_user: str)
 
 
 @pytest.mark.parametrize("replies_end_with_eos", [True, False])
-def test_incremental_prompt_equals_full_rendering(tokenizer: Any, replies_end_with_eos: bool) -> None:
+def test_incremental_prompt_equals_full_rendering(
+    tokenizer: Any, replies_end_with_eos: bool
+) -> None:
     chat = ChatFormat(tokenizer, SYSTEM)
     eos = tokenizer.convert_tokens_to_ids(IM_END)
-    exchanges = [("Hello!", "Hi, how can I help?"), ("Weather in Paris?", "Sunny, 20 degrees."), ("Thanks", "You're welcome.")]
+    exchanges = [
+        ("Hello!", "Hi, how can I help?"),
+        ("Weather in Paris?", "Sunny, 20 degrees."),
+        ("Thanks", "You're welcome."),
+    ]
     prompt = chat.first_turn("Hello!").token_ids
     assert prompt == full_rendering(tokenizer, [], "Hello!")
     for index, (_, reply) in enumerate(exchanges[:-1]):

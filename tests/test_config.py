@@ -19,7 +19,7 @@ def test_example_config_is_valid() -> None:
 
 def test_environment_overrides_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "bot.toml"
-    path.write_text('[engine]\nmax_model_len = 1024\n[server]\nport = 9000\n')
+    path.write_text("[engine]\nmax_model_len = 1024\n[server]\nport = 9000\n")
     monkeypatch.setenv("BOT_ENGINE__MAX_MODEL_LEN", "4096")
     settings = load_settings(path)
     assert settings.engine.max_model_len == 4096
@@ -29,9 +29,9 @@ def test_environment_overrides_the_file(tmp_path: Path, monkeypatch: pytest.Monk
 @pytest.mark.parametrize(
     ("document", "bad_key"),
     [
-        ('[engine]\nblock_size = 20\n', "engine.block_size"),
+        ("[engine]\nblock_size = 20\n", "engine.block_size"),
         ('[server]\nport = "eighty"\n', "server.port"),
-        ('[generation]\ntemperture = 0.5\n', "generation.temperture"),
+        ("[generation]\ntemperture = 0.5\n", "generation.temperture"),
         ('[[telegram]]\nname = "x"\n', "telegram.0.token"),
     ],
 )
@@ -46,7 +46,7 @@ def test_bad_values_name_the_key(tmp_path: Path, document: str, bad_key: str) ->
 
 def test_bad_environment_value_names_the_key(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("BOT_SERVER__PORT", "not-a-port")
-    with pytest.raises(ConfigError, match="server.port"):
+    with pytest.raises(ConfigError, match=r"server\.port"):
         load_settings(None)
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import structlog
 
 from bot.engine.vllm_local import LocalVLLMEngine
@@ -46,13 +48,18 @@ async def test_each_prompt_extends_the_previous_and_hits_the_cache(
 
     calls = spy.calls
     assert len(calls) == len(USER_MESSAGES)
-    for previous, current in zip(calls, calls[1:], strict=False):
+    for previous, current in itertools.pairwise(calls):
         before = list(previous.request.prompt_token_ids) + previous.generated
         prompt = list(current.request.prompt_token_ids)
-        assert prompt[: len(before)] == before, "prompt does not start with the previous prompt + reply"
+        assert prompt[: len(before)] == before, (
+            "prompt does not start with the previous prompt + reply"
+        )
         assert current.final is not None and current.final.cached_tokens is not None
         expected = cacheable(len(previous.request.prompt_token_ids), len(previous.generated))
-        assert current.final.cached_tokens >= 0.99 * expected, (current.final.cached_tokens, expected)
+        assert current.final.cached_tokens >= 0.99 * expected, (
+            current.final.cached_tokens,
+            expected,
+        )
 
     # The stored history is exactly what the engine saw and produced.
     turns = sorted(await load_turns(db_url), key=lambda turn: turn.seq)
@@ -68,7 +75,9 @@ async def test_each_prompt_extends_the_previous_and_hits_the_cache(
 async def test_prompt_over_the_context_window_fails_cleanly(
     sqlite_url: str, make_client: MakeClient
 ) -> None:
-    client = await make_client(sqlite_url, server={"max_text_chars": 100_000, "max_body_bytes": 1_000_000})
+    client = await make_client(
+        sqlite_url, server={"max_text_chars": 100_000, "max_body_bytes": 1_000_000}
+    )
     key = await issue_key(sqlite_url)
     huge = " ".join(f"word{i}" for i in range(3000))
     with structlog.testing.capture_logs() as logs:
@@ -119,7 +128,15 @@ async def test_turn_log_line_has_every_field(sqlite_url: str, make_client: MakeC
     line = lines[-1]
     assert line["status"] == "done"
     assert set(line["layer_ms"]) >= {
-        "ingress", "auth", "persist", "history", "tokenize", "queue", "prefill", "decode", "deliver"
+        "ingress",
+        "auth",
+        "persist",
+        "history",
+        "tokenize",
+        "queue",
+        "prefill",
+        "decode",
+        "deliver",
     }
     assert all(value >= 0 for value in line["layer_ms"].values())
     assert line["layer_ms"]["prefill"] > 0 and line["layer_ms"]["decode"] > 0

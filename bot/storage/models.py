@@ -46,7 +46,7 @@ def utcnow() -> dt.datetime:
 
 class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING_CONVENTION)
-    type_annotation_map = {
+    type_annotation_map = {  # noqa: RUF012 - SQLAlchemy reads this class attribute
         dt.datetime: DateTime(timezone=True),
         dict[str, Any]: JSON,
     }

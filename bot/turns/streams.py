@@ -72,7 +72,7 @@ class TurnStreams:
         while True:
             async with stream.changed:
                 await stream.changed.wait_for(
-                    lambda: stream.final is not None or len(stream.text) > offset
+                    lambda start=offset: stream.final is not None or len(stream.text) > start
                 )
                 text, final = stream.text, stream.final
             if final is not None:

@@ -1,0 +1,249 @@
+"""Benchmark: N conversations x T turns through the HTTP API vs the same prompts to the engine.
+
+Prints
+  * the share of cacheable prompt tokens served from vLLM's prefix cache (turns 2..T),
+  * prompt tokens recomputed per turn (prompt - cached), by turn index,
+  * TTFT by turn index (p50/p99), measured by the HTTP client,
+  * the ack latency of POST /v1/messages (p50/p99),
+  * the ratio of end-to-end time through the service to the same prompts sent
+    straight to the engine (prefix cache reset in between, same concurrency).
+
+Run:  .venv/bin/python bench/turns.py --conversations 4 --turns 12
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import statistics
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from bot.apikeys import create_key
+from bot.config import load_settings
+from bot.demo_model import build_demo_model
+from bot.engine.base import GenerationRequest
+from bot.engine.vllm_local import LocalVLLMEngine
+from bot.http.app import create_app
+from bot.log import configure_logging
+from bot.storage.db import create_engine, create_sessionmaker
+from bot.storage.migrate import upgrade
+from bot.storage.models import Message, Turn
+from bot.storage.tokens import unpack_token_ids
+
+USER_LINES = [
+    "Hello! How are you today?",
+    "Tell me about the weather in Paris this week.",
+    "And what about London and Berlin?",
+    "Please answer briefly and politely.",
+    "What can I do for you? Numbers: 1 2 3 100.",
+    "Code: def main(): return print('hello world')",
+    "Markdown: **bold**, _italic_, `code`.",
+    "Questions and answers, greetings and farewells.",
+]
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
+    return ordered[index]
+
+
+async def read_stream(response: aiohttp.ClientResponse, started: float) -> dict[str, Any]:
+    """Client-side TTFT and e2e, plus the done event's payload."""
+    import json
+
+    first_delta: float | None = None
+    done: dict[str, Any] = {}
+    kind = ""
+    async for raw in response.content:
+        line = raw.decode().rstrip("\n")
+        if line.startswith("event: "):
+            kind = line[7:]
+        elif line.startswith("data: "):
+            if kind == "delta" and first_delta is None:
+                first_delta = time.perf_counter()
+            if kind in ("done", "error"):
+                done = {"kind": kind, **json.loads(line[6:])}
+    ended = time.perf_counter()
+    return {
+        "ttft_ms": ((first_delta or ended) - started) * 1000,
+        "e2e_ms": (ended - started) * 1000,
+        **done,
+    }
+
+
+async def chat(
+    http: aiohttp.ClientSession, base: str, key: str, conversation: str, turns: int
+) -> list[dict[str, Any]]:
+    results = []
+    headers = {"Authorization": f"Bearer {key}"}
+    for index in range(turns):
+        payload = {
+            "conversation_id": conversation,
+            "message_id": f"m{index}",
+            "text": USER_LINES[index % len(USER_LINES)],
+        }
+        started = time.perf_counter()
+        async with http.post(f"{base}/v1/messages", json=payload, headers=headers) as response:
+            body = await response.json()
+        ack_ms = (time.perf_counter() - started) * 1000
+        async with http.get(f"{base}{body['stream_url']}", headers=headers) as response:
+            result = await read_stream(response, started)
+        results.append({"turn": index, "ack_ms": ack_ms, "turn_id": body["turn_id"], **result})
+    return results
+
+
+async def stored_prompts(db_url: str) -> dict[str, list[tuple[int, list[int]]]]:
+    """Per conversation: (turn seq, exact prompt ids) rebuilt from the stored history."""
+    from sqlalchemy import select
+
+    engine = create_engine(db_url)
+    prompts: dict[str, list[tuple[int, list[int]]]] = {}
+    async with create_sessionmaker(engine)() as session:
+        turns = (await session.scalars(select(Turn).order_by(Turn.conversation_id, Turn.seq))).all()
+        for turn in turns:
+            rows = (
+                await session.execute(
+                    select(Message.role, Message.token_ids, Message.turn_id)
+                    .where(Message.conversation_id == turn.conversation_id)
+                    .order_by(Message.seq)
+                )
+            ).all()
+            prompt: list[int] = []
+            for role, packed, turn_id in rows:
+                prompt.extend(unpack_token_ids(packed))
+                if turn_id == turn.id and role == "user":
+                    break
+            prompts.setdefault(turn.conversation_id, []).append((turn.seq, prompt))
+    await engine.dispose()
+    return prompts
+
+
+async def direct(engine: LocalVLLMEngine, prompts: list[list[int]], max_tokens: int) -> list[float]:
+    """The same prompts, in order, straight to the engine: e2e per request in ms."""
+    durations = []
+    for prompt in prompts:
+        started = time.perf_counter()
+        request = GenerationRequest(
+            request_id=uuid.uuid4().hex,
+            prompt_token_ids=prompt,
+            max_tokens=max_tokens,
+            temperature=0.0,
+            top_p=1.0,
+        )
+        async for _ in engine.generate(request):
+            pass
+        durations.append((time.perf_counter() - started) * 1000)
+    return durations
+
+
+async def main(args: argparse.Namespace) -> None:
+    # Per-turn log lines to a terminal would cost the service time the engine does not pay.
+    configure_logging("WARNING", "json")
+    workdir = Path(tempfile.mkdtemp(prefix="bench-turns-"))
+    model = build_demo_model(Path(args.model_dir))
+    db_url = f"sqlite+aiosqlite:///{workdir / 'bench.db'}"
+    await asyncio.to_thread(upgrade, db_url)
+    settings = load_settings(
+        None,
+        database={"url": db_url},
+        engine={"model": str(model), "dtype": "float32", "max_model_len": 4096, "block_size": 32},
+        generation={"max_tokens": args.max_tokens, "temperature": 0.0, "top_p": 1.0},
+        logging={"level": "WARNING"},
+    )
+    engine = LocalVLLMEngine(settings.engine)
+    await engine.start()
+    app = await create_app(settings, engine=engine)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    base = f"http://127.0.0.1:{port}"
+
+    db = create_engine(db_url)
+    async with create_sessionmaker(db)() as session, session.begin():
+        key = (await create_key(session, name="bench")).key
+    await db.dispose()
+
+    async with aiohttp.ClientSession() as http:
+        started = time.perf_counter()
+        per_conversation = await asyncio.gather(
+            *(chat(http, base, key, f"conv-{i}", args.turns) for i in range(args.conversations))
+        )
+        service_wall = time.perf_counter() - started
+    results = [result for conversation in per_conversation for result in conversation]
+    failures = [r for r in results if r.get("kind") != "done"]
+
+    # Same prompts straight to the engine, same concurrency, from a cold prefix cache.
+    prompts = await stored_prompts(db_url)
+    await engine.llm.reset_prefix_cache()
+    started = time.perf_counter()
+    direct_times = await asyncio.gather(
+        *(direct(engine, [p for _, p in seqs], args.max_tokens) for seqs in prompts.values())
+    )
+    direct_wall = time.perf_counter() - started
+
+    # Cache share: turn n's cached tokens vs the full blocks of turn n-1's prompt + reply.
+    cached = cacheable = 0
+    recomputed: dict[int, list[int]] = {}
+    ttft: dict[int, list[float]] = {}
+    for conversation in per_conversation:
+        for previous, current in itertools.pairwise(conversation):
+            usage, before = current["usage"], previous["usage"]
+            full = (before["prompt_tokens"] + before["completion_tokens"] - 1) // 32 * 32
+            cacheable += full
+            cached += min(usage["cached_tokens"], full)
+        for result in conversation:
+            usage = result["usage"]
+            recomputed.setdefault(result["turn"], []).append(
+                usage["prompt_tokens"] - usage["cached_tokens"]
+            )
+            ttft.setdefault(result["turn"], []).append(result["ttft_ms"])
+    acks = [r["ack_ms"] for r in results]
+    service_e2e = sum(r["e2e_ms"] for r in results)
+    direct_e2e = sum(sum(times) for times in direct_times)
+
+    share = 100 * cached / max(1, cacheable)
+    e2e_ratio = service_e2e / direct_e2e
+    wall_ratio = service_wall / direct_wall
+    print(f"# {args.conversations} conversations x {args.turns} turns, ", end="")
+    print(f"max_tokens={args.max_tokens}, demo model, CPU")
+    print(f"turns: {len(results)} ({len(failures)} failed)")
+    print(f"prefix cache: {cached}/{cacheable} cacheable prompt tokens served from cache", end="")
+    print(f" = {share:.1f} % (turns 2..{args.turns})")
+    print(f"ack POST /v1/messages: p50 {percentile(acks, 50):.1f} ms", end="")
+    print(f", p99 {percentile(acks, 99):.1f} ms")
+    print("turn  recomputed(mean)  ttft_p50_ms  ttft_p99_ms")
+    for turn in sorted(ttft):
+        mean_new = statistics.mean(recomputed[turn])
+        p50, p99 = percentile(ttft[turn], 50), percentile(ttft[turn], 99)
+        print(f"{turn + 1:>4}  {mean_new:>16.1f}  {p50:>11.1f}  {p99:>11.1f}")
+    print(f"end-to-end summed over turns: service {service_e2e:.0f} ms, ", end="")
+    print(f"engine direct {direct_e2e:.0f} ms, ratio {e2e_ratio:.2f}")
+    print(f"wall clock: service {service_wall:.2f} s, engine direct {direct_wall:.2f} s", end="")
+    print(f", ratio {wall_ratio:.2f}")
+
+    await runner.cleanup()
+    await engine.shutdown()
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--conversations", type=int, default=4)
+    parser.add_argument("--turns", type=int, default=12)
+    parser.add_argument("--max-tokens", type=int, default=48)
+    parser.add_argument("--model-dir", default="data/demo-model")
+    asyncio.run(main(parser.parse_args()))
