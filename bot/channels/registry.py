@@ -14,6 +14,7 @@ from aiohttp import web
 from bot.channels.api import routes as api
 from bot.channels.slack import routes as slack
 from bot.channels.telegram import routes as telegram
+from bot.channels.webhook import routes as webhook
 from bot.config import Settings
 from bot.turns.service import TurnService
 
@@ -23,4 +24,5 @@ CHANNEL_SETUPS: list[ChannelSetup] = [
     api.setup,
     slack.setup,
     telegram.setup,
+    webhook.setup,
 ]

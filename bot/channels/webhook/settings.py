@@ -2,13 +2,35 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+
+DEFAULT_CALLBACK_TIMEOUT_S = 10.0
+DEFAULT_RETRY_FOR_S = 60.0
+DEFAULT_RETRY_BACKOFF_S = 0.5
+DEFAULT_CHUNK_INTERVAL_S = 0.25
+MIN_SECRET_CHARS = 16
 
 
 class WebhookSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    name: str
-    """Path segment: ``POST /webhooks/{name}``."""
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    """Path segment: ``POST /webhooks/{name}``; also the channel ``webhook:{name}``."""
     secret: SecretStr
-    callback_url: str
+    """Signs both directions: inbound messages and our callbacks (HMAC-SHA256)."""
+    callback_url: str = Field(pattern=r"^https?://")
+    callback_timeout_s: float = Field(DEFAULT_CALLBACK_TIMEOUT_S, gt=0)
+    """One callback attempt may take this long."""
+    retry_for_s: float = Field(DEFAULT_RETRY_FOR_S, ge=0)
+    """A failing callback is retried for this long, then the turn fails as ``delivery``."""
+    retry_backoff_s: float = Field(DEFAULT_RETRY_BACKOFF_S, gt=0)
+    """First wait between attempts; it doubles up to ``callbacks.MAX_BACKOFF_S``."""
+    chunk_interval_s: float = Field(DEFAULT_CHUNK_INTERVAL_S, ge=0)
+    """Least time between two chunk callbacks of one reply; text in between is merged."""
+
+    @field_validator("secret")
+    @classmethod
+    def _long_enough(cls, value: SecretStr) -> SecretStr:
+        if len(value.get_secret_value()) < MIN_SECRET_CHARS:
+            raise ValueError(f"must have at least {MIN_SECRET_CHARS} characters")
+        return value

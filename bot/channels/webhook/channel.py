@@ -1,0 +1,28 @@
+"""One configured webhook integration at run time: the ``Channel`` ``webhook:{name}``."""
+
+from __future__ import annotations
+
+import aiohttp
+
+from bot.channels.base import ReplySink, TurnAddress
+from bot.channels.webhook.callbacks import CallbackClient
+from bot.channels.webhook.settings import WebhookSettings
+from bot.channels.webhook.sink import WebhookReplySink
+
+CHANNEL_PREFIX = "webhook"
+
+
+class WebhookChannel:
+    def __init__(self, settings: WebhookSettings, http: aiohttp.ClientSession) -> None:
+        self.settings = settings
+        self.name = f"{CHANNEL_PREFIX}:{settings.name}"
+        self.secret = settings.secret.get_secret_value()
+        self.callbacks = CallbackClient(settings, http)
+
+    def open_reply(self, address: TurnAddress) -> ReplySink:
+        return WebhookReplySink(
+            self.callbacks,
+            address,
+            webhook=self.settings.name,
+            chunk_interval_s=self.settings.chunk_interval_s,
+        )

@@ -1,0 +1,145 @@
+"""``POST /webhooks/{name}``: verify, parse, persist, acknowledge. Generation runs after the 202.
+
+1. Unknown integration name: 404.
+2. Read the raw body (size-limited) and check ``X-Webhook-Signature`` over
+   ``{X-Webhook-Timestamp}.{body}`` with the integration's secret, within the
+   replay window. Otherwise 401: nothing parsed, nothing stored.
+3. Parse ``{"conversation_id", "message_id", "text", "user_id"?, "user_name"?}``
+   (400 with a reason when malformed or too long; nothing stored).
+4. ``TurnService.accept`` stores it deduplicated on ``(webhook:{name}, message_id)``
+   and the 202 goes out; a redelivery answers with the same turn.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+
+import aiohttp
+import structlog
+from aiohttp import web
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from bot.channels.base import InboundMessage
+from bot.channels.webhook.channel import WebhookChannel
+from bot.channels.webhook.signing import SIGNATURE_HEADER, TIMESTAMP_HEADER, verify
+from bot.config import Settings
+from bot.http.body import BodyError, read_body
+from bot.http.errors import json_error
+from bot.http.keys import REQUEST_RECEIVED_AT, REQUEST_STARTED
+from bot.turns.service import TurnService
+
+log = structlog.get_logger(__name__)
+
+ID_MAX = 200
+
+
+class WebhookMessage(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    conversation_id: str = Field(min_length=1, max_length=ID_MAX)
+    message_id: str = Field(min_length=1, max_length=ID_MAX)
+    text: str = Field(min_length=1)
+    user_id: str | None = Field(default=None, max_length=ID_MAX)
+    user_name: str | None = Field(default=None, max_length=ID_MAX)
+    """When set, the model sees ``"{user_name}: {text}"`` (for group conversations)."""
+
+
+def _problems(exc: ValidationError) -> str:
+    return "; ".join(
+        f"{'.'.join(str(p) for p in item['loc']) or 'body'}: {item['msg']}" for item in exc.errors()
+    )
+
+
+class WebhookEvents:
+    def __init__(
+        self, channels: list[WebhookChannel], turns: TurnService, settings: Settings
+    ) -> None:
+        self._channels = {channel.settings.name: channel for channel in channels}
+        self._turns = turns
+        self._max_body = settings.server.max_body_bytes
+        self._max_text = settings.server.max_text_chars
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        started = request.get(REQUEST_STARTED, time.perf_counter())
+        name = request.match_info["name"]
+        channel = self._channels.get(name)
+        if channel is None:
+            return json_error(404, "not_found", f"no webhook integration named {name!r}")
+        try:
+            body = await read_body(request, self._max_body)
+        except BodyError as exc:
+            return exc.response
+
+        auth_started = time.perf_counter()
+        refused = verify(
+            channel.secret,
+            request.headers.get(TIMESTAMP_HEADER),
+            request.headers.get(SIGNATURE_HEADER),
+            body,
+        )
+        auth_ms = (time.perf_counter() - auth_started) * 1000
+        if refused is not None:
+            log.warning("webhook_signature_rejected", webhook=name, reason=refused)
+            return json_error(401, "auth", f"{refused}; see docs/webhook.md")
+
+        ingress_started = time.perf_counter()
+        try:
+            message = WebhookMessage.model_validate(json.loads(body))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            return json_error(400, "bad_request", "body is not valid JSON")
+        except ValidationError as exc:
+            return json_error(400, "bad_request", _problems(exc))
+        if len(message.text) > self._max_text:
+            return json_error(
+                400,
+                "bad_request",
+                f"text has {len(message.text)} characters; the limit is {self._max_text}",
+            )
+        ingress_ms = (auth_started - started) * 1000 + (
+            time.perf_counter() - ingress_started
+        ) * 1000
+
+        accepted = await self._turns.accept(
+            InboundMessage(
+                channel=channel.name,
+                event_id=message.message_id,
+                owner=channel.name,
+                conversation_key=message.conversation_id,
+                text=message.text,
+                user_id=message.user_id,
+                user_name=message.user_name,
+                reply_to={
+                    "conversation_id": message.conversation_id,
+                    "message_id": message.message_id,
+                },
+                layer_ms={"ingress": ingress_ms, "auth": auth_ms},
+                received_at=request.get(REQUEST_RECEIVED_AT, time.time()),
+            )
+        )
+        log.info(
+            "webhook_message",
+            webhook=name,
+            message_id=message.message_id,
+            turn_id=accepted.turn_id,
+            duplicate=accepted.duplicate,
+        )
+        return web.json_response(
+            {"turn_id": accepted.turn_id, "duplicate": accepted.duplicate}, status=202
+        )
+
+
+def setup(
+    app: web.Application, settings: Settings, turns: TurnService, http: aiohttp.ClientSession
+) -> None:
+    if not settings.webhooks:
+        return
+    names = Counter(webhook.name for webhook in settings.webhooks)
+    repeated = sorted(name for name, count in names.items() if count > 1)
+    if repeated:
+        raise ValueError(f"[[webhooks]] names must be unique; repeated: {', '.join(repeated)}")
+    channels = [WebhookChannel(webhook, http) for webhook in settings.webhooks]
+    for channel in channels:
+        turns.register_channel(channel)
+    app.router.add_post("/webhooks/{name}", WebhookEvents(channels, turns, settings).handle)
