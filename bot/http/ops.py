@@ -1,0 +1,162 @@
+"""Operations endpoints and the SIGTERM drain: ``/healthz``, ``/readyz``, ``/metrics``.
+
+* ``/healthz``: the process answers (liveness).
+* ``/readyz``: the service started, is not draining, and the database and the
+  engine answer; else 503 with the reason (readiness: load balancers, Docker's
+  HEALTHCHECK, systemd's READY=1).
+* ``/metrics``: Prometheus text. On the public port it needs an admin-scope
+  API key; the admin listen address (``server.admin_port``) serves all three
+  without a key, for a scraper on a private network.
+
+``setup`` also hooks the drain into ``on_shutdown``: aiohttp runs it after the
+listening sockets close and before it waits for open requests, so SSE readers
+get their final event instead of being cut off.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+import structlog
+from aiohttp import web
+from sqlalchemy import text
+
+from bot.apikeys import authenticate
+from bot.http.errors import json_error
+from bot.http.keys import ENGINE, SESSIONS, SETTINGS, TURNS
+from bot.metrics import CONTENT_TYPE, BotMetrics
+
+log = structlog.get_logger(__name__)
+
+READY_CHECK_TIMEOUT_S = 3.0
+
+
+@dataclass
+class OpsState:
+    started: bool = False
+    draining: bool = False
+
+
+METRICS = web.AppKey("metrics", BotMetrics)
+OPS_STATE = web.AppKey("ops_state", OpsState)
+MAIN_APP = web.AppKey("main_app", web.Application)
+
+
+def _main(request: web.Request) -> web.Application:
+    return request.app.get(MAIN_APP, request.app)
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return web.json_response({"status": "alive"})
+
+
+async def readiness(app: web.Application) -> str | None:
+    """None when ready, else the reason."""
+    state = app[OPS_STATE]
+    if state.draining:
+        return "draining: the service is shutting down"
+    if not state.started:
+        return "starting: the engine or the turn service is not up yet"
+    try:
+        async with asyncio.timeout(READY_CHECK_TIMEOUT_S):
+            async with app[SESSIONS]() as session:
+                await session.execute(text("SELECT 1"))
+    except Exception as exc:
+        return f"database: {type(exc).__name__}"
+    try:
+        async with asyncio.timeout(READY_CHECK_TIMEOUT_S):
+            await app[ENGINE].check_health()
+    except Exception as exc:
+        return f"engine: {type(exc).__name__}: {str(exc)[:200]}"
+    return None
+
+
+async def readyz(request: web.Request) -> web.Response:
+    reason = await readiness(_main(request))
+    if reason is not None:
+        return web.json_response({"status": "not_ready", "reason": reason}, status=503)
+    return web.json_response({"status": "ready"})
+
+
+async def _is_admin(request: web.Request) -> web.Response | None:
+    """None if the request carries an admin-scope key, else the refusal."""
+    scheme, _, key = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not key.strip():
+        return json_error(401, "auth", "missing 'Authorization: Bearer <admin key>' header")
+    async with _main(request)[SESSIONS]() as session:
+        principal = await authenticate(session, key.strip())
+    if principal is None:
+        return json_error(401, "auth", "unknown, revoked or expired API key")
+    if "admin" not in principal.scopes:
+        return json_error(403, "auth", "this endpoint needs a key with the admin scope")
+    return None
+
+
+async def metrics(request: web.Request) -> web.Response:
+    return web.Response(
+        body=_main(request)[METRICS].render(), headers={"Content-Type": CONTENT_TYPE}
+    )
+
+
+async def metrics_with_key(request: web.Request) -> web.Response:
+    refusal = await _is_admin(request)
+    return refusal if refusal is not None else await metrics(request)
+
+
+def setup(app: web.Application) -> BotMetrics:
+    """Add the ops routes, the metrics and the drain to the main app; returns the metrics."""
+    turns = app[TURNS]
+    app[METRICS] = bot_metrics = BotMetrics(in_flight=lambda: turns.in_flight)
+    app[OPS_STATE] = OpsState()
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics_with_key)
+
+    async def rate_limit_subscription(app: web.Application):  # type: ignore[no-untyped-def]
+        unsubscribe = bot_metrics.listen_for_rate_limits()
+        yield
+        unsubscribe()
+
+    async def mark_started(app: web.Application) -> None:
+        app[OPS_STATE].started = True
+
+    app.cleanup_ctx.append(rate_limit_subscription)
+    app.on_startup.append(mark_started)
+    app.on_shutdown.append(drain)
+    return bot_metrics
+
+
+async def drain(app: web.Application) -> None:
+    """Let running turns finish within the grace period, cancel the rest, say what happened.
+
+    Cancelled turns are recorded by the runner as failed with error class
+    ``cancelled`` (their own ``turn`` lines); queued turns stay queued and the
+    next start resumes them.
+    """
+    state = app[OPS_STATE]
+    state.draining = True
+    grace = app[SETTINGS].server.shutdown_grace_s
+    turns = app[TURNS]
+    in_flight = turns.in_flight
+    started = time.perf_counter()
+    log.info("drain_started", in_flight=in_flight, grace_s=grace)
+    cancelled = await turns.shutdown(grace)
+    log.info(
+        "drain_finished",
+        in_flight=in_flight,
+        finished=max(0, in_flight - cancelled),
+        cancelled=cancelled,
+        drain_ms=round((time.perf_counter() - started) * 1000, 1),
+    )
+
+
+def admin_app(main: web.Application) -> web.Application:
+    """The admin listen address: ops endpoints of ``main``, no key (bind it privately)."""
+    app = web.Application()
+    app[MAIN_APP] = main
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics)
+    return app

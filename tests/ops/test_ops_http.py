@@ -1,0 +1,190 @@
+"""/healthz, /readyz and /metrics on the real app, around the real engine and databases."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import asyncpg
+import pytest
+
+from bot.apikeys import create_key
+from bot.engine.base import GenerationChunk, GenerationRequest
+from bot.errors import EngineError, ErrorClass
+from bot.http.keys import TURNS
+from bot.metrics import note_rate_limited
+from bot.storage.db import create_engine, create_sessionmaker
+from tests.conftest import POSTGRES_ADMIN_DSN, MakeClient, issue_key
+from tests.helpers import auth, load_turns
+from tests.ops.helpers import chat, samples, value
+
+
+async def admin_key(db_url: str) -> str:
+    engine = create_engine(db_url)
+    try:
+        async with create_sessionmaker(engine)() as session, session.begin():
+            return (await create_key(session, name="ops", scopes=("admin",))).key
+    finally:
+        await engine.dispose()
+
+
+class SickEngine:
+    """The real engine, except that its health check reports it dead."""
+
+    def __init__(self, engine: Any) -> None:
+        self._engine = engine
+        self.max_model_len = engine.max_model_len
+
+    async def start(self) -> None: ...
+
+    def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
+        return self._engine.generate(request)  # type: ignore[no-any-return]
+
+    async def abort(self, request_id: str) -> None:
+        await self._engine.abort(request_id)
+
+    async def check_health(self) -> None:
+        raise EngineError(ErrorClass.ENGINE_UNAVAILABLE, "vLLM engine core died")
+
+    async def shutdown(self) -> None: ...
+
+
+async def test_healthz_and_readyz_answer_on_a_started_app(
+    sqlite_url: str, make_client: MakeClient
+) -> None:
+    client = await make_client(sqlite_url)
+    assert (await (await client.get("/healthz")).json()) == {"status": "alive"}
+    response = await client.get("/readyz")
+    assert response.status == 200
+    assert await response.json() == {"status": "ready"}
+
+
+async def test_readyz_is_503_naming_the_engine_when_it_is_dead(
+    sqlite_url: str, make_client: MakeClient, engine: Any
+) -> None:
+    client = await make_client(sqlite_url, engine_override=SickEngine(engine))
+    response = await client.get("/readyz")
+    assert response.status == 503
+    body = await response.json()
+    assert body["status"] == "not_ready"
+    assert body["reason"].startswith("engine: EngineError")
+    assert (await client.get("/healthz")).status == 200  # alive, just not ready
+
+
+@pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
+async def test_readyz_is_503_naming_the_database_when_it_goes_away(
+    db_url: str, make_client: MakeClient
+) -> None:
+    client = await make_client(db_url)
+    assert (await client.get("/readyz")).status == 200
+    name = db_url.rsplit("/", 1)[1]
+    connection = await asyncpg.connect(POSTGRES_ADMIN_DSN)
+    try:
+        await connection.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+    finally:
+        await connection.close()
+    response = await client.get("/readyz")
+    assert response.status == 503
+    assert (await response.json())["reason"].startswith("database:")
+
+
+async def test_metrics_need_an_admin_scope_key_on_the_main_port(
+    sqlite_url: str, make_client: MakeClient
+) -> None:
+    client = await make_client(sqlite_url)
+    assert (await client.get("/metrics")).status == 401
+    assert (await client.get("/metrics", headers=auth("bot_nope_nope"))).status == 401
+    chat_key = await issue_key(sqlite_url)
+    response = await client.get("/metrics", headers=auth(chat_key))
+    assert response.status == 403
+    assert (await response.json())["error"] == "auth"
+    response = await client.get("/metrics", headers=auth(await admin_key(sqlite_url)))
+    assert response.status == 200
+    assert response.headers["Content-Type"].startswith("text/plain")
+    assert "bot_turns_in_flight 0.0" in await response.text()
+
+
+async def test_metrics_after_turns_match_the_database(db_url: str, make_client: MakeClient) -> None:
+    client = await make_client(
+        db_url, server={"max_text_chars": 100_000, "max_body_bytes": 1_000_000}
+    )
+    key = await issue_key(db_url)
+    for i in range(2):
+        assert (await chat(client, key, "c1", f"m{i}"))["kind"] == "done"
+    huge = " ".join(f"word{i}" for i in range(3000))
+    failed = await chat(client, key, "c2", "m0", huge)
+    assert failed["error_class"] == "context_overflow"
+    await client.server.app[TURNS].wait_idle(timeout=30)
+    note_rate_limited("telegram")  # what a channel client calls on a 429
+
+    response = await client.get("/metrics", headers=auth(await admin_key(db_url)))
+    values = samples(await response.text())
+    turns = await load_turns(db_url)
+    done = [turn for turn in turns if turn.status == "done"]
+    assert len(done) == 2
+
+    assert value(values, "bot_turns_total", channel="api", status="done", error_class="") == 2
+    assert (
+        value(
+            values,
+            "bot_turns_total",
+            channel="api",
+            status="failed",
+            error_class="context_overflow",
+        )
+        == 1
+    )
+    assert value(values, "bot_tokens_total", kind="completion") == sum(
+        turn.completion_tokens or 0 for turn in turns
+    )
+    # The failed turn's prompt was counted too: it was tokenized, just not sent.
+    assert value(values, "bot_tokens_total", kind="prompt") == sum(
+        turn.prompt_tokens or 0 for turn in turns
+    )
+    assert value(values, "bot_tokens_total", kind="cached") == sum(
+        turn.cached_tokens or 0 for turn in done
+    )
+    assert value(values, "bot_tokens_total", kind="cached") > 0  # turn 2 reused turn 1's blocks
+    for layer in (
+        "auth",
+        "persist",
+        "history",
+        "tokenize",
+        "queue",
+        "prefill",
+        "decode",
+        "deliver",
+    ):
+        assert value(values, "bot_turn_layer_seconds_count", layer=layer) >= 2, layer
+    assert value(values, "bot_turn_ttft_seconds_count") == 2
+    assert value(values, "bot_turn_e2e_seconds_count", status="done") == 2
+    assert value(values, "bot_turn_e2e_seconds_count", status="failed") == 1
+    assert value(values, "bot_deliveries_total", platform="api", outcome="delivered") == 2
+    assert value(values, "bot_platform_rate_limited_total", platform="telegram") == 1
+    assert value(values, "bot_turns_in_flight") == 0
+
+
+async def test_in_flight_gauge_counts_running_turns(
+    sqlite_url: str, make_client: MakeClient, engine: Any
+) -> None:
+    from tests.ops.slow_engine import SlowEngine
+
+    client = await make_client(sqlite_url, engine_override=SlowEngine(engine, delay_s=0.1))
+    key = await issue_key(sqlite_url)
+    ops = await admin_key(sqlite_url)
+    posted = await client.post(
+        "/v1/messages",
+        json={"conversation_id": "c", "message_id": "m", "text": "Hi"},
+        headers=auth(key),
+    )
+    assert posted.status == 202
+    turns = client.server.app[TURNS]
+    async with asyncio.timeout(10):
+        while turns.in_flight == 0:  # noqa: ASYNC110 - the service exposes no event for it
+            await asyncio.sleep(0.01)
+    values = samples(await (await client.get("/metrics", headers=auth(ops))).text())
+    assert value(values, "bot_turns_in_flight") == 1
+    await turns.wait_idle(timeout=30)
+    values = samples(await (await client.get("/metrics", headers=auth(ops))).text())
+    assert value(values, "bot_turns_in_flight") == 0
