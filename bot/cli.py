@@ -72,7 +72,15 @@ def serve(ctx: Context) -> None:
         raise click.ClickException(
             "the database has pending migrations: run `botctl db upgrade` first"
         )
-    sys.exit(asyncio.run(serve_forever(settings)))
+    from bot.turns.claims import AlreadyRunning, single_process_guard
+
+    try:
+        lock = single_process_guard(settings.database.url)  # held until the process exits
+    except AlreadyRunning as exc:
+        raise click.ClickException(str(exc)) from exc
+    code = asyncio.run(serve_forever(settings))
+    del lock
+    sys.exit(code)
 
 
 @main.command("demo-model")

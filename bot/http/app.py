@@ -30,6 +30,7 @@ from bot.http.keys import (
 )
 from bot.storage.db import create_engine, create_sessionmaker
 from bot.turns.chat_format import ChatFormat, load_tokenizer
+from bot.turns.claims import build_claims
 from bot.turns.runner import TurnRunner
 from bot.turns.service import TurnService
 from bot.turns.streams import TurnStreams
@@ -78,6 +79,7 @@ async def create_app(
     app[ENGINE] = inference
     turns = TurnService(sessions, TurnStreams())
     app[TURNS] = turns
+    turns.claims = build_claims(settings.workers, settings.database.url, sessions)
     http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30))
     app[HTTP_CLIENT] = http
     metrics = ops.setup(app)

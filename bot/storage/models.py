@@ -176,6 +176,10 @@ class Turn(Base):
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
     started_at: Mapped[dt.datetime | None]
     finished_at: Mapped[dt.datetime | None]
+    lease_owner: Mapped[str | None] = mapped_column(String(200))
+    """The worker that runs (or is about to run) this turn; see ``bot.turns.claims``."""
+    lease_expires_at: Mapped[dt.datetime | None]
+    """Renewed while the turn runs; once past, another worker may take the turn over."""
     # Issue 8: fair use is counted per API key; a coalesced turn points at the turn that
     # answered it; a turn that rebuilt the conversation's base names that compaction.
     api_key_id: Mapped[str | None] = mapped_column(String(32))

@@ -211,10 +211,14 @@ class TurnRunner:
         self, turn: Turn, status: str, progress: _Progress, timings: dict[str, Any], **fields: Any
     ) -> None:
         async with self._sessions() as session, session.begin():
-            row = await session.get(Turn, turn.id)
-            if row is None:  # deleted meanwhile (right to be forgotten)
+            # Locked, so the one final status is settled here: a turn another worker
+            # took over (our lease ran out) is already final and stays as it is.
+            row = await session.get(Turn, turn.id, with_for_update=True)
+            if row is None or row.status in TurnStatus.FINAL:  # deleted, or taken over
                 return
             row.status = status
+            row.lease_owner = None
+            row.lease_expires_at = None
             row.reply_text = progress.text
             row.prompt_tokens = progress.prompt_tokens
             row.cached_tokens = progress.cached_tokens

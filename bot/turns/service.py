@@ -23,6 +23,7 @@ from bot.channels.base import Channel, InboundMessage, ReplySink, TurnAddress
 from bot.errors import ErrorClass
 from bot.storage import queries
 from bot.storage.models import InboundEvent, Turn, TurnStatus
+from bot.turns.claims import TurnClaims
 from bot.turns.streams import TurnStreams
 
 log = structlog.get_logger(__name__)
@@ -59,6 +60,8 @@ class TurnService:
         self._active: dict[str, tuple[str, asyncio.Task[None]]] = {}
         self._persist_ms: dict[str, float] = {}
         self._accepting = True
+        self.claims = TurnClaims(sessions)
+        """Turn leases; the app replaces it with one configured for several workers."""
 
     # -- wiring ------------------------------------------------------------------------
 
@@ -121,7 +124,9 @@ class TurnService:
                 raise
             return existing
         self._persist_ms[turn.id] = (time.perf_counter() - started) * 1000
-        self.streams.open(turn.id)
+        if self.claims.exclusive:
+            # With several workers another one may run it: the runner opens the stream there.
+            self.streams.open(turn.id)
         self.schedule(conversation.id)
         return Accepted(turn.id, conversation.id, duplicate=False)
 
@@ -194,8 +199,8 @@ class TurnService:
             while True:
                 self._dirty.discard(conversation_id)
                 while True:
-                    async with self._sessions() as session:
-                        turn = await queries.next_queued_turn(session, conversation_id)
+                    # The head turn, leased to this worker; None when it runs elsewhere.
+                    turn = await self.claims.claim_next(conversation_id)
                     if turn is None:
                         break
                     task = asyncio.create_task(
@@ -215,33 +220,16 @@ class TurnService:
             self._workers.pop(conversation_id, None)
 
     async def recover(self) -> None:
-        """At start-up: resume queued turns; fail turns a previous run left half-done."""
-        async with self._sessions() as session:
-            running = await queries.turns_with_status(session, TurnStatus.RUNNING)
-            queued = await queries.turns_with_status(session, TurnStatus.QUEUED)
-        for turn in running:
-            await self._fail_interrupted(turn)
-        for conversation_id in dict.fromkeys(turn.conversation_id for turn in queued):
-            self.schedule(conversation_id)
+        """At start-up: resume queued turns; fail turns a dead worker left half-done.
 
-    async def _fail_interrupted(self, turn: Turn) -> None:
-        message = "interrupted: the service stopped while this turn was running"
-        async with self._sessions() as session, session.begin():
-            row = await session.get(Turn, turn.id)
-            if row is None or row.status != TurnStatus.RUNNING:
-                return
-            row.status = TurnStatus.FAILED
-            row.error_class = ErrorClass.INTERNAL.value
-            row.error_message = message
-            row.finished_at = dt.datetime.now(dt.UTC)
-        try:
-            sink = self.open_reply(
-                TurnAddress(turn.id, turn.conversation_id, turn.channel, dict(turn.reply_to))
-            )
-            await sink.fail(ErrorClass.INTERNAL, "Sorry, I was restarted while answering. Please ask again.")
-        except Exception as exc:
-            log.warning("apology_not_delivered", turn_id=turn.id, error=str(exc))
-        log.info("turn", turn_id=turn.id, status=TurnStatus.FAILED, error_class="internal", error=message)
+        Dead means: any earlier run on SQLite (single process), a lease run out
+        on PostgreSQL. ``bot.turns.claims`` then keeps polling for such turns.
+        """
+        self.claims.bind(self.open_reply, self.streams)
+        await self.claims.recover()
+        for conversation_id in await self.claims.claimable_conversations():
+            self.schedule(conversation_id)
+        self.claims.start(self.schedule)
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -264,6 +252,7 @@ class TurnService:
         self._accepting = False
         workers = list(self._workers.values())
         if not workers:
+            await self.claims.close()
             return 0
         _, pending = await asyncio.wait(workers, timeout=grace_s)
         cancelled = 0
@@ -276,6 +265,7 @@ class TurnService:
         await asyncio.gather(*workers, return_exceptions=True)
         for _, task in list(self._active.values()):
             await asyncio.gather(task, return_exceptions=True)
+        await self.claims.close()
         return cancelled
 
 

@@ -1,6 +1,6 @@
 """The remote engine on two real vLLM OpenAI servers: token-exact streaming, affinity, failures.
 
-The test that kills a server runs last in this module (pytest keeps file order).
+The test that kills a server is in test_zz_replica_killed.py, so that it runs last.
 """
 
 from __future__ import annotations
@@ -268,33 +268,3 @@ async def test_a_failing_replica_fails_over_and_its_breaker_opens(
     assert engine.replicas.breakers[urls[0]].state == "open"
     failed = [entry for entry in logs if entry["event"] == "engine_attempt_failed"]
     assert {entry["error_class"] for entry in failed} == {"engine_unavailable"}
-
-
-# -- last: kills a real replica ------------------------------------------------------------
-
-
-async def test_a_killed_replica_fails_over_to_the_next_in_the_ranking(
-    vllm_servers: list[VLLMServer], chat_format: ChatFormat
-) -> None:
-    urls = [server.base_url for server in vllm_servers]
-    engine = await engine_for(urls, breaker_failures=1)
-    victim = vllm_servers[0]
-    key = next(
-        k
-        for k in (f"kill-{i}" for i in range(50))
-        if rendezvous_order(k, urls)[0] == victim.base_url
-    )
-    prompt = chat_format.first_turn("Before the crash.").token_ids
-    try:
-        ids, _ = await collect(engine, request(prompt, key))
-        victim.kill()
-        follow_up = prompt + ids + chat_format.next_turn(ids, "After the crash.").token_ids
-        ids2, final = await collect(engine, request(follow_up, key))
-        assert ids2 and final.finished
-        assert engine.replicas.breakers[victim.base_url].state == "open"
-        # The survivor now owns the conversation: its next turn hits the survivor's cache.
-        third = follow_up + ids2 + chat_format.next_turn(ids2, "Still there?").token_ids
-        _, final3 = await collect(engine, request(third, key))
-        assert (final3.cached_tokens or 0) >= TEST_BLOCK_SIZE
-    finally:
-        await engine.shutdown()

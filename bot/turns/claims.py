@@ -1,0 +1,330 @@
+"""Which worker runs which turn: leases on turn rows, claimed under PostgreSQL row locks.
+
+Several ``botctl serve`` processes share one PostgreSQL. A worker may run a
+turn only while it holds the turn's *lease* (``turns.lease_owner`` +
+``turns.lease_expires_at``), renewed every ``lease_s / 3`` while it runs.
+Leases are taken and judged only while holding the turn row's lock
+(``SELECT ... FOR UPDATE SKIP LOCKED``), so two workers never both decide
+they own a turn. See docs/scaling.md for why row locks and not advisory locks.
+
+Order within a conversation: only the conversation's *head* (its lowest-seq
+turn that is not done or failed) can be claimed. While the head runs on one
+worker, the turns behind it wait, whichever worker accepted them; the worker
+that finishes the head claims the next one (the conversation stays on that
+worker, and so on its engine replica's warm cache).
+
+A worker that died (SIGKILL, lost host) stops renewing: once its lease runs
+out the next worker to look at the conversation fails the interrupted turn
+with an apology (its partial reply may already be on the user's screen, so it
+is not generated again) and goes on with the queue. Queued turns a dead
+worker had claimed but not started are simply claimed again.
+
+SQLite is single-process (``single_process_guard``): there, every lease left
+by an earlier run is dead at start-up, so interrupted turns fail at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import fcntl
+import os
+import socket
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+import structlog
+from sqlalchemy import select, update
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from bot.channels.base import ReplySink, TurnAddress
+from bot.config import WorkerSettings
+from bot.errors import USER_MESSAGES, ErrorClass
+from bot.storage.db import is_sqlite
+from bot.storage.models import Turn, TurnStatus, utcnow
+from bot.storage.queries import as_utc
+from bot.turns.streams import TurnStreams
+
+log = structlog.get_logger(__name__)
+
+OPEN_STATUSES = (TurnStatus.QUEUED, TurnStatus.RUNNING)
+INTERRUPTED_APOLOGY = "Sorry, I was restarted while answering. Please ask again."
+POLL_BATCH = 200
+CLAIM_RETRIES = 3
+
+
+def default_worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+
+
+@dataclass(frozen=True)
+class LeaseState:
+    owner: str | None
+    expires_at: dt.datetime | None
+
+    def held_by_other(self, me: str, now: dt.datetime) -> bool:
+        if self.owner is None or self.owner == me:
+            return False
+        return self.expires_at is not None and as_utc(self.expires_at) > now
+
+
+class TurnClaims:
+    """Claims, renews and reaps turn leases for one worker process."""
+
+    def __init__(
+        self,
+        sessions: async_sessionmaker[AsyncSession],
+        *,
+        worker_id: str | None = None,
+        lease_s: float = 30.0,
+        poll_interval_s: float = 1.0,
+        exclusive: bool = True,
+    ) -> None:
+        self._sessions = sessions
+        self.worker_id = worker_id or default_worker_id()
+        self.lease = dt.timedelta(seconds=lease_s)
+        self.poll_interval_s = poll_interval_s
+        self.exclusive = exclusive
+        """Only this process uses the database (SQLite): no other worker can hold a lease."""
+        self._tasks: list[asyncio.Task[None]] = []
+        self._open_reply: Callable[[TurnAddress], ReplySink] | None = None
+        self._streams: TurnStreams | None = None
+
+    def bind(self, open_reply: Callable[[TurnAddress], ReplySink], streams: TurnStreams) -> None:
+        """Where apologies for interrupted turns go (the service's channels and streams)."""
+        self._open_reply = open_reply
+        self._streams = streams
+
+    # -- claiming ----------------------------------------------------------------------
+
+    async def claim_next(self, conversation_id: str) -> Turn | None:
+        """Lease the conversation's head turn to this worker, if it is queued and free.
+
+        An interrupted head (running, lease run out) is failed with an apology
+        first. None when the conversation is idle or busy on another worker.
+        """
+        for _ in range(CLAIM_RETRIES):
+            outcome, turn = await self._claim_head(conversation_id)
+            if outcome == "claimed":
+                return turn
+            if outcome == "interrupted" and turn is not None:
+                await self._apologise(turn)
+                continue
+            if outcome != "raced":
+                return None
+        return None
+
+    async def _claim_head(self, conversation_id: str) -> tuple[str, Turn | None]:
+        now = utcnow()
+        head_id = (
+            select(Turn.id)
+            .where(Turn.conversation_id == conversation_id, Turn.status.in_(OPEN_STATUSES))
+            .order_by(Turn.seq)
+            .limit(1)
+            .scalar_subquery()
+        )
+        async with self._sessions() as session, session.begin():
+            # Lock the head only, and skip it when another worker is deciding on it:
+            # a plain ``ORDER BY seq LIMIT 1 FOR UPDATE SKIP LOCKED`` would hand out
+            # the turn *behind* a locked head and break the conversation's order.
+            turn = (
+                await session.scalars(
+                    select(Turn).where(Turn.id == head_id).with_for_update(skip_locked=True)
+                )
+            ).one_or_none()
+            if turn is None:
+                return "none", None
+            if turn.status not in OPEN_STATUSES:
+                return "raced", None  # finished between the subquery and the lock
+            lease = LeaseState(turn.lease_owner, turn.lease_expires_at)
+            if lease.held_by_other(self.worker_id, now):
+                return "busy", None
+            if turn.status == TurnStatus.RUNNING:
+                if lease.owner == self.worker_id:
+                    return "busy", None  # running here (its renewal may just be late)
+                self._mark_interrupted(turn, lease.owner)
+                return "interrupted", turn
+            turn.lease_owner = self.worker_id
+            turn.lease_expires_at = now + self.lease
+            return "claimed", turn
+
+    def _mark_interrupted(self, turn: Turn, owner: str | None) -> None:
+        turn.status = TurnStatus.FAILED
+        turn.error_class = ErrorClass.INTERNAL.value
+        turn.error_message = f"interrupted: worker {owner or '(unknown)'} stopped while running it"
+        turn.finished_at = utcnow()
+        turn.lease_owner = None
+        turn.lease_expires_at = None
+
+    async def _apologise(self, turn: Turn) -> None:
+        """The one final answer of an interrupted turn: an apology, on its channel and stream."""
+        if self._open_reply is not None:
+            try:
+                address = TurnAddress(
+                    turn.id, turn.conversation_id, turn.channel, dict(turn.reply_to)
+                )
+                await self._open_reply(address).fail(ErrorClass.INTERNAL, INTERRUPTED_APOLOGY)
+            except Exception as exc:
+                log.warning("apology_not_delivered", turn_id=turn.id, error=str(exc))
+        if self._streams is not None and self._streams.has(turn.id):
+            await self._streams.close(
+                turn.id,
+                "error",
+                {
+                    "turn_id": turn.id,
+                    "error_class": ErrorClass.INTERNAL.value,
+                    "message": USER_MESSAGES[ErrorClass.INTERNAL],
+                },
+            )
+        log.info(
+            "turn",
+            turn_id=turn.id,
+            conversation_id=turn.conversation_id,
+            status=TurnStatus.FAILED,
+            error_class=ErrorClass.INTERNAL.value,
+            error=turn.error_message,
+            taken_over_by=self.worker_id,
+        )
+
+    # -- finding work ------------------------------------------------------------------
+
+    async def claimable_conversations(self) -> list[str]:
+        """Conversations with a turn this worker could claim now (queued and free, or abandoned)."""
+        now = utcnow()
+        async with self._sessions() as session:
+            rows = (
+                await session.execute(
+                    select(
+                        Turn.conversation_id, Turn.status, Turn.lease_owner, Turn.lease_expires_at
+                    )
+                    .where(Turn.status.in_(OPEN_STATUSES))
+                    .order_by(Turn.created_at)
+                    .limit(POLL_BATCH)
+                )
+            ).all()
+        found: dict[str, None] = {}
+        for conversation_id, status, owner, expires_at in rows:
+            lease = LeaseState(owner, expires_at)
+            if lease.held_by_other(self.worker_id, now):
+                continue
+            if status == TurnStatus.RUNNING and owner == self.worker_id:
+                continue
+            found[conversation_id] = None
+        return list(found)
+
+    async def recover(self) -> None:
+        """At start-up: drop the leases no live process can hold any more.
+
+        A running turn without a lease is interrupted (failed with an apology
+        when its conversation is next looked at); a queued one is free.
+        """
+        async with self._sessions() as session, session.begin():
+            stale = update(Turn).where(Turn.status.in_(OPEN_STATUSES))
+            if not self.exclusive:
+                # Only our own earlier incarnation (same fixed worker id) is known dead;
+                # other workers' leases run out on their own.
+                stale = stale.where(Turn.lease_owner == self.worker_id)
+            await session.execute(stale.values(lease_owner=None, lease_expires_at=None))
+
+    # -- background: renew and poll ----------------------------------------------------
+
+    def start(self, schedule: Callable[[str], None]) -> None:
+        self._tasks = [
+            asyncio.create_task(self._renew_forever(), name="lease-renewal"),
+            asyncio.create_task(self._poll_forever(schedule), name="turn-poller"),
+        ]
+
+    async def renew(self) -> int:
+        """Push out the expiry of every lease this worker holds; returns how many."""
+        async with self._sessions() as session, session.begin():
+            result = await session.execute(
+                update(Turn)
+                .where(Turn.lease_owner == self.worker_id, Turn.status.in_(OPEN_STATUSES))
+                .values(lease_expires_at=utcnow() + self.lease)
+            )
+        return int(getattr(result, "rowcount", 0) or 0)
+
+    async def _renew_forever(self) -> None:
+        interval = self.lease.total_seconds() / 3
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.renew()
+            except Exception as exc:  # the database blinked: the next round retries
+                log.warning("lease_renewal_failed", error=f"{type(exc).__name__}: {exc}")
+
+    async def _poll_forever(self, schedule: Callable[[str], None]) -> None:
+        while True:
+            await asyncio.sleep(self.poll_interval_s)
+            try:
+                for conversation_id in await self.claimable_conversations():
+                    schedule(conversation_id)
+            except Exception as exc:
+                log.warning("turn_poll_failed", error=f"{type(exc).__name__}: {exc}")
+
+    async def close(self) -> None:
+        """Stop renewing and polling; hand back queued turns claimed but not started."""
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+        try:
+            async with self._sessions() as session, session.begin():
+                await session.execute(
+                    update(Turn)
+                    .where(Turn.lease_owner == self.worker_id, Turn.status == TurnStatus.QUEUED)
+                    .values(lease_owner=None, lease_expires_at=None)
+                )
+        except Exception as exc:
+            log.warning("lease_release_failed", error=f"{type(exc).__name__}: {exc}")
+
+
+class AlreadyRunning(Exception):
+    """Another process serves this SQLite database."""
+
+
+def single_process_guard(database_url: str) -> IO[str] | None:
+    """On SQLite, hold an exclusive lock file beside the database for the process's lifetime.
+
+    SQLite has no row locks to share turns between processes, so a second
+    ``botctl serve`` on the same file would run turns twice: refuse it. The
+    OS drops the lock when the process dies, even on SIGKILL. Returns the open
+    lock file (keep a reference), or None on PostgreSQL.
+    """
+    url = make_url(database_url)
+    if url.get_backend_name() != "sqlite" or not url.database or url.database == ":memory:":
+        return None
+    path = Path(url.database).with_name(Path(url.database).name + ".serve.lock")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle = path.open("a+", encoding="utf-8")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError as exc:
+        handle.close()
+        raise AlreadyRunning(
+            f"another `botctl serve` already uses {url.database}: SQLite is single-process. "
+            "Stop it, or use PostgreSQL (database.url = 'postgresql+asyncpg://...') "
+            "to run several workers."
+        ) from exc
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"{os.getpid()}\n")
+    handle.flush()
+    return handle
+
+
+def build_claims(
+    settings: WorkerSettings, database_url: str, sessions: async_sessionmaker[AsyncSession]
+) -> TurnClaims:
+    """Claims for this process: exclusive on SQLite, shared leases on PostgreSQL."""
+    return TurnClaims(
+        sessions,
+        worker_id=settings.id,
+        lease_s=settings.lease_s,
+        poll_interval_s=settings.poll_interval_s,
+        exclusive=is_sqlite(database_url),
+    )

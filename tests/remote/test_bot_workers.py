@@ -1,0 +1,289 @@
+"""Two real ``botctl serve`` workers on one fresh PostgreSQL, in front of the two vLLM servers.
+
+Concurrent posts to the same and to different conversations, alternating
+between the workers; one worker is SIGKILLed while it generates. Every
+accepted message must end with exactly one final reply, turns of a
+conversation in order, none generated twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from sqlalchemy import select
+
+from bot.storage.db import create_engine, create_sessionmaker
+from bot.storage.models import Message, Turn, TurnStatus
+from tests.conftest import (
+    _create_postgres_database,
+    _drop_postgres_database,
+    issue_key,
+    migrate,
+    postgres_url,
+)
+from tests.helpers import auth
+from tests.vllm_servers import API_KEY, SERVED_MODEL_NAME, VLLMServer, free_port
+
+pytestmark = pytest.mark.postgres
+LEASE_S = 3.0
+
+
+@dataclass
+class Worker:
+    name: str
+    port: int
+    log_path: Path
+    process: subprocess.Popen[bytes]
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def log_lines(self) -> list[dict[str, Any]]:
+        lines = []
+        for raw in self.log_path.read_text(errors="replace").splitlines():
+            if raw.startswith("{"):
+                try:
+                    lines.append(json.loads(raw))
+                except ValueError:
+                    continue
+        return lines
+
+
+def worker_env(
+    db_url: str, name: str, port: int, servers: list[VLLMServer], model: Path
+) -> dict[str, str]:
+    return {
+        **os.environ,
+        "BOT_DATABASE__URL": db_url,
+        "BOT_SERVER__PORT": str(port),
+        "BOT_SERVER__SHUTDOWN_GRACE_S": "2",
+        "BOT_ENGINE__KIND": "openai",
+        "BOT_ENGINE__MODEL": str(model),
+        "BOT_ENGINE__MAX_MODEL_LEN": "1024",
+        "BOT_ENGINE__BASE_URLS": json.dumps([s.base_url for s in servers if not s.killed]),
+        "BOT_ENGINE__API_KEY": API_KEY,
+        "BOT_ENGINE__SERVED_MODEL_NAME": SERVED_MODEL_NAME,
+        "BOT_GENERATION__MAX_TOKENS": "96",
+        "BOT_GENERATION__TEMPERATURE": "0",
+        "BOT_WORKERS__ID": name,
+        "BOT_WORKERS__LEASE_S": str(LEASE_S),
+        "BOT_WORKERS__POLL_INTERVAL_S": "0.3",
+        "BOT_LOGGING__FORMAT": "json",
+    }
+
+
+def start_worker(name: str, env: dict[str, str], log_dir: Path) -> Worker:
+    port = int(env["BOT_SERVER__PORT"])
+    log_path = log_dir / f"{name}.log"
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "bot.cli", "serve"],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    return Worker(name, port, log_path, process)
+
+
+async def wait_healthy(worker: Worker, timeout_s: float = 90.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    async with aiohttp.ClientSession() as http:
+        while time.monotonic() < deadline:
+            assert worker.process.poll() is None, worker.log_path.read_text()[-3000:]
+            try:
+                async with http.get(f"{worker.url}/healthz") as response:
+                    if response.status == 200:
+                        return
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.2)
+    raise AssertionError(f"{worker.name} did not start:\n{worker.log_path.read_text()[-3000:]}")
+
+
+@pytest.fixture
+async def pg_url() -> AsyncIterator[str]:
+    name = await _create_postgres_database()
+    try:
+        url = postgres_url(name)
+        await migrate(url)
+        yield url
+    finally:
+        await _drop_postgres_database(name)
+
+
+@pytest.fixture
+def stop_workers() -> Iterator[list[Worker]]:
+    workers: list[Worker] = []
+    yield workers
+    for worker in workers:
+        if worker.process.poll() is None:
+            os.killpg(worker.process.pid, signal.SIGTERM)
+            try:
+                worker.process.wait(15)
+            except subprocess.TimeoutExpired:
+                os.killpg(worker.process.pid, signal.SIGKILL)
+
+
+async def load_turns(db_url: str) -> list[Turn]:
+    engine = create_engine(db_url)
+    try:
+        async with create_sessionmaker(engine)() as session:
+            return list((await session.scalars(select(Turn).order_by(Turn.created_at))).all())
+    finally:
+        await engine.dispose()
+
+
+async def messages_per_turn(db_url: str) -> Counter[str]:
+    engine = create_engine(db_url)
+    try:
+        async with create_sessionmaker(engine)() as session:
+            ids = (await session.scalars(select(Message.turn_id))).all()
+    finally:
+        await engine.dispose()
+    return Counter(turn_id for turn_id in ids if turn_id)
+
+
+async def test_two_workers_answer_every_message_exactly_once_even_when_one_is_killed(
+    pg_url: str,
+    vllm_servers: list[VLLMServer],
+    demo_model_dir: Path,
+    tmp_path: Path,
+    stop_workers: list[Worker],
+) -> None:
+    key = await issue_key(pg_url)
+    workers = [
+        start_worker(
+            name, worker_env(pg_url, name, free_port(), vllm_servers, demo_model_dir), tmp_path
+        )
+        for name in ("w1", "w2")
+    ]
+    stop_workers.extend(workers)
+    await asyncio.gather(*(wait_healthy(worker) for worker in workers))
+
+    conversations = [f"conv-{i}" for i in range(4)]
+    posts = [(conv, turn) for turn in range(3) for conv in conversations]
+
+    async def post(http: aiohttp.ClientSession, index: int, conv: str, turn: int) -> str:
+        worker = workers[index % 2]  # the same conversation lands on both workers
+        async with http.post(
+            f"{worker.url}/v1/messages",
+            json={
+                "conversation_id": conv,
+                "message_id": f"m{turn}",
+                "text": f"{conv} message {turn}",
+            },
+            headers=auth(key),
+        ) as response:
+            assert response.status == 202, await response.text()
+            return str((await response.json())["turn_id"])
+
+    async with aiohttp.ClientSession() as http:
+        accepted = await asyncio.gather(
+            *(post(http, i, conv, turn) for i, (conv, turn) in enumerate(posts))
+        )
+        # A redelivery to the *other* worker is the same turn (dedupe holds across workers).
+        again = await post(http, 1, posts[0][0], posts[0][1])
+        assert again == accepted[0]
+
+    # SIGKILL w1 while it is generating a reply.
+    victim = workers[0]
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        running = [
+            t
+            for t in await load_turns(pg_url)
+            if t.status == TurnStatus.RUNNING and t.lease_owner == "w1"
+        ]
+        if running:
+            break
+        await asyncio.sleep(0.02)
+    assert running, "w1 never ran a turn"
+    victim.process.send_signal(signal.SIGKILL)
+    victim.process.wait(10)
+    killed_turn = running[0].id
+
+    # w2 takes over once w1's lease runs out, and finishes everything.
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        turns = await load_turns(pg_url)
+        if all(t.status in TurnStatus.FINAL for t in turns):
+            break
+        await asyncio.sleep(0.3)
+    turns = await load_turns(pg_url)
+    by_id = {t.id: t for t in turns}
+    assert sorted(by_id) == sorted(set(accepted)), "one turn per accepted message"
+    assert all(t.status in TurnStatus.FINAL for t in turns), [(t.id, t.status) for t in turns]
+
+    # The turns w1 was generating failed with an apology; every other turn was answered.
+    assert by_id[killed_turn].status == TurnStatus.FAILED
+    failed = {t.id for t in turns if t.status == TurnStatus.FAILED}
+    assert all(
+        "interrupted: worker w1" in (by_id[turn_id].error_message or "") for turn_id in failed
+    ), [(turn_id, by_id[turn_id].error_message) for turn_id in failed]
+    assert len(failed) <= len(conversations), "at most the head of each conversation"
+
+    # History: exactly one user + one assistant entry per answered turn, none for the failed one.
+    stored = await messages_per_turn(pg_url)
+    for turn in turns:
+        assert stored.get(turn.id, 0) == (2 if turn.status == TurnStatus.DONE else 0), turn.id
+
+    # Order within each conversation: a turn starts only after the previous one ended.
+    for conv_id in {t.conversation_id for t in turns}:
+        ordered = sorted((t for t in turns if t.conversation_id == conv_id), key=lambda t: t.seq)
+        for previous, current in itertools.pairwise(ordered):
+            if current.started_at is not None and previous.finished_at is not None:
+                assert current.started_at >= previous.finished_at, (previous.seq, current.seq)
+
+    # Never generated twice: one final "turn" line per turn across both workers' logs.
+    finals = Counter(
+        line["turn_id"]
+        for worker in workers
+        for line in worker.log_lines()
+        if line.get("event") == "turn" and "turn_id" in line
+    )
+    assert finals == Counter({turn_id: 1 for turn_id in by_id}), finals
+    taken_over = [
+        line
+        for line in workers[1].log_lines()
+        if line.get("event") == "turn" and line.get("taken_over_by")
+    ]
+    assert sorted(line["turn_id"] for line in taken_over) == sorted(failed)
+
+
+async def test_a_second_serve_on_the_same_sqlite_file_refuses_to_start(
+    tmp_path: Path, vllm_servers: list[VLLMServer], demo_model_dir: Path, stop_workers: list[Worker]
+) -> None:
+    url = f"sqlite+aiosqlite:///{tmp_path / 'bot.db'}"
+    await migrate(url)
+    first = start_worker(
+        "first", worker_env(url, "first", free_port(), vllm_servers, demo_model_dir), tmp_path
+    )
+    stop_workers.append(first)
+    await wait_healthy(first)
+    second = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "bot.cli", "serve"],
+        env=worker_env(url, "second", free_port(), vllm_servers, demo_model_dir),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert second.returncode != 0
+    assert "SQLite is single-process" in second.stderr
+    assert first.process.poll() is None, "the first one keeps serving"
