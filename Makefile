@@ -37,7 +37,10 @@ run: install model
 	@key=$$($(BOTCTL) keys create demo-$$(date +%s) --owner demo) && \
 	  echo "" && echo "Demo API key (shown once): $$key" && \
 	  echo "Try: curl -N -H 'Authorization: Bearer $$key' -H 'Accept: text/event-stream' \\" && \
-	  echo "       -d '{\"conversation_id\":\"c1\",\"message_id\":\"m1\",\"text\":\"Hi\"}' http://127.0.0.1:8080/v1/messages" && echo ""
+	  echo "       -d '{\"conversation_id\":\"c1\",\"message_id\":\"m1\",\"text\":\"Hi\"}' http://127.0.0.1:8080/v1/messages" && \
+	  echo "Chat in a browser (this link signs you in; the key after # is never sent to the server):" && \
+	  echo "  http://127.0.0.1:8080/#key=$$key" && \
+	  echo "Chat in a terminal: BOT_API_KEY=$$key $(BIN)/botctl chat" && echo ""
 	$(BOTCTL) serve
 
 test: install

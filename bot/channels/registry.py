@@ -17,6 +17,7 @@ from bot.channels.telegram import routes as telegram
 from bot.channels.webhook import routes as webhook
 from bot.config import Settings
 from bot.turns.service import TurnService
+from bot.web import routes as web_page
 
 ChannelSetup = Callable[[web.Application, Settings, TurnService, aiohttp.ClientSession], None]
 
@@ -25,4 +26,5 @@ CHANNEL_SETUPS: list[ChannelSetup] = [
     slack.setup,
     telegram.setup,
     webhook.setup,
+    web_page.setup,
 ]

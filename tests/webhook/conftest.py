@@ -95,7 +95,9 @@ def webhook_settings(receiver: Receiver, **overrides: Any) -> list[dict[str, Any
     ]
 
 
-def message(message_id: str = "m1", conversation: str = "c1", text: str = "Hello!") -> dict[str, str]:
+def message(
+    message_id: str = "m1", conversation: str = "c1", text: str = "Hello!"
+) -> dict[str, str]:
     return {"conversation_id": conversation, "message_id": message_id, "text": text}
 
 

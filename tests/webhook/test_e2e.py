@@ -1,4 +1,4 @@
-"""The generic webhook end to end: real app and engine on loopback, a recording callback receiver."""
+"""The generic webhook end to end: real app and engine on loopback, a recording receiver."""
 
 from __future__ import annotations
 
@@ -53,7 +53,15 @@ async def test_signed_message_is_answered_with_signed_ordered_chunks_then_final(
     assert usage["new_tokens"] == usage["prompt_tokens"] - usage["cached_tokens"]
     for callback in receiver.attempts:
         headers = callback.headers
-        assert verify(SECRET, headers["X-Webhook-Timestamp"], headers["X-Webhook-Signature"], callback.body) is None
+        assert (
+            verify(
+                SECRET,
+                headers["X-Webhook-Timestamp"],
+                headers["X-Webhook-Signature"],
+                callback.body,
+            )
+            is None
+        )
         assert headers["X-Webhook-Delivery"] == f"{body['turn_id']}.{callback.document['seq']}"
 
     (turn,) = await load_turns(db_url)
@@ -122,7 +130,9 @@ async def test_messages_of_one_conversation_are_answered_in_order(
     receiver.delay_s = 0.01
     client = await make_client(sqlite_url, webhooks=webhook_settings(receiver))
     turn_ids = [
-        (await (await post_signed(client, message(f"m{i}", text=f"Question {i}?"))).json())["turn_id"]
+        (await (await post_signed(client, message(f"m{i}", text=f"Question {i}?"))).json())[
+            "turn_id"
+        ]
         for i in range(3)
     ]
     await _idle(client)
@@ -146,7 +156,8 @@ async def test_callbacks_are_retried_while_the_receiver_fails_for_a_while(
     assert len(failed) >= 4
     # Each retry re-sends the same delivery, freshly signed.
     first = failed[0]
-    retries = [c for c in receiver.attempts if c.headers["X-Webhook-Delivery"] == first.headers["X-Webhook-Delivery"]]
+    delivery = first.headers["X-Webhook-Delivery"]
+    retries = [c for c in receiver.attempts if c.headers["X-Webhook-Delivery"] == delivery]
     assert len(retries) >= 2 and retries[-1].status == 200
     assert len({c.body for c in retries}) == 1
     _assert_in_order_reply(receiver.delivered, body["turn_id"])
@@ -167,7 +178,7 @@ async def test_receiver_down_for_too_long_fails_the_turn_as_delivery(
     (turn,) = await load_turns(sqlite_url)
     assert turn.status == "failed" and turn.error_class == "delivery"
     assert elapsed < 5
-    # Bounded: backoff 0.05, 0.1, 0.2, then the rest of the 0.5 s; no error callback after giving up.
+    # Bounded: waits of 0.05, 0.1, 0.2, then the rest of 0.5 s; no error callback after that.
     assert 3 <= len(receiver.attempts) <= 8
     assert {c.document["seq"] for c in receiver.attempts} == {0}
 

@@ -85,14 +85,16 @@ async def post_message(request: web.Request) -> web.StreamResponse:
         return exc.response
     except ValidationError as exc:
         problems = "; ".join(
-            f"{'.'.join(str(p) for p in item['loc']) or 'body'}: {item['msg']}" for item in exc.errors()
+            f"{'.'.join(str(p) for p in item['loc']) or 'body'}: {item['msg']}"
+            for item in exc.errors()
         )
         return json_error(400, "bad_request", problems)
     if len(message.text) > settings.server.max_text_chars:
         return json_error(
             400,
             "bad_request",
-            f"text has {len(message.text)} characters; the limit is {settings.server.max_text_chars}",
+            f"text has {len(message.text)} characters; "
+            f"the limit is {settings.server.max_text_chars}",
         )
     # Ingress: everything before auth (routing, middleware) plus reading and parsing the body.
     ingress_ms = (auth_started - started) * 1000 + (time.perf_counter() - ingress_started) * 1000
@@ -108,8 +110,20 @@ async def post_message(request: web.Request) -> web.StreamResponse:
             user_id=message.user_id,
             layer_ms={"ingress": ingress_ms, "auth": auth_ms},
             received_at=request.get(REQUEST_RECEIVED_AT, time.time()),
+            api_key_id=principal.key_id,
         )
     )
+    if accepted.rate_limited is not None:
+        refusal = accepted.rate_limited
+        response = json_error(
+            429,
+            "rate_limited",
+            refusal.user_message,
+            limit=refusal.limit,
+            retry_after_s=refusal.retry_after_s,
+        )
+        response.headers["Retry-After"] = str(refusal.retry_after_s)
+        return response
     if _wants_event_stream(request):
         return await _stream_turn(request, accepted.turn_id, 0)
     return web.json_response(
@@ -155,6 +169,8 @@ def turn_document(turn: Turn, conversation_key: str) -> dict[str, Any]:
         "error_class": turn.error_class,
         "error": turn.error_message,
         "timings_ms": layer_ms,
+        "coalesced_into": turn.coalesced_into,
+        "compaction_id": turn.compaction_id,
         "created_at": turn.created_at.isoformat(),
     }
 
@@ -206,6 +222,8 @@ def _final_event(turn: Turn) -> StreamEvent:
                 },
                 "finish_reason": turn.finish_reason,
                 "timings_ms": layer_ms,
+                # Answered by another turn (coalescing): its reply is on that turn's stream.
+                **({"coalesced_into": turn.coalesced_into} if turn.coalesced_into else {}),
             },
         )
     from bot.errors import USER_MESSAGES, ErrorClass
@@ -214,11 +232,17 @@ def _final_event(turn: Turn) -> StreamEvent:
     return StreamEvent(
         "error",
         "error",
-        {"turn_id": turn.id, "error_class": error_class.value, "message": USER_MESSAGES[error_class]},
+        {
+            "turn_id": turn.id,
+            "error_class": error_class.value,
+            "message": USER_MESSAGES[error_class],
+        },
     )
 
 
-async def _stored_events(request: web.Request, turn_id: str, offset: int) -> AsyncIterator[StreamEvent]:
+async def _stored_events(
+    request: web.Request, turn_id: str, offset: int
+) -> AsyncIterator[StreamEvent]:
     """Events of a turn this process is not streaming: finished, or run by another worker."""
     while True:
         async with request.app[SESSIONS]() as session:
@@ -262,3 +286,6 @@ def setup(
     app.router.add_get("/v1/turns/{turn_id}", get_turn)
     app.router.add_get("/v1/turns/{turn_id}/events", turn_events)
     app.router.add_post("/v1/turns/{turn_id}/cancel", cancel_turn)
+    from bot.channels.api import history  # imports this module: keep the import here
+
+    history.setup(app)

@@ -1,0 +1,64 @@
+"""``GET /v1/conversations/{conversation_id}/turns``: a conversation's turns, oldest first.
+
+The web page reads it to show a conversation again after a reload. Like every
+API read, it only sees the key owner's conversations: another owner's id is
+simply an empty conversation.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+from sqlalchemy import select
+
+from bot.channels.api.routes import API_CHANNEL, turn_document
+from bot.channels.api.routes import _authenticate as authenticate_request
+from bot.http.keys import SESSIONS
+from bot.storage.models import Conversation, Turn
+
+MAX_TURNS = 200
+"""The newest turns returned; the page has no use for a longer scroll-back."""
+
+
+async def conversation_turns(request: web.Request) -> web.Response:
+    principal = await authenticate_request(request)
+    if isinstance(principal, web.Response):
+        return principal
+    key = request.match_info["conversation_id"]
+    async with request.app[SESSIONS]() as session:
+        conversation_id = await session.scalar(
+            select(Conversation.id).where(
+                Conversation.owner == principal.owner,
+                Conversation.channel == API_CHANNEL,
+                Conversation.external_key == key,
+                Conversation.closed_at.is_(None),
+            )
+        )
+        turns: list[Turn] = []
+        if conversation_id is not None:
+            newest = await session.scalars(
+                select(Turn)
+                .where(Turn.conversation_id == conversation_id)
+                .order_by(Turn.seq.desc())
+                .limit(MAX_TURNS)
+            )
+            turns = list(reversed(newest.all()))
+    return web.json_response(
+        {
+            "conversation_id": key,
+            "owner": principal.owner,
+            "turns": [_document(t, key) for t in turns],
+        }
+    )
+
+
+def _document(turn: Turn, key: str) -> dict[str, Any]:
+    document = turn_document(turn, key)
+    if turn.prompt_tokens is not None and turn.cached_tokens is not None:
+        document["usage"]["new_tokens"] = turn.prompt_tokens - turn.cached_tokens
+    return document
+
+
+def setup(app: web.Application) -> None:
+    app.router.add_get("/v1/conversations/{conversation_id}/turns", conversation_turns)

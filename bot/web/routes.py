@@ -1,0 +1,43 @@
+"""Serves the chat page at ``/`` and its files at ``/static/``.
+
+The page signs in with an API key it keeps in the browser's localStorage and
+calls the public API with it (``Authorization`` header). ``make run`` hands the
+key over in the URL *fragment* (``/#key=...``), which browsers never send to
+the server, and the page removes it from the address bar at once: the key
+never appears in a request line or an access log.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import aiohttp
+from aiohttp import web
+
+from bot.config import Settings
+from bot.turns.service import TurnService
+
+STATIC_DIR = Path(__file__).parent / "static"
+
+# Only our own files, no inline script, no framing, no referrer: a page holding an API key.
+SECURITY_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'self'; script-src 'self'; style-src 'self'; connect-src 'self'; "
+        "img-src 'self' data:; frame-ancestors 'none'; base-uri 'none'; form-action 'none'"
+    ),
+    "Referrer-Policy": "no-referrer",
+    "X-Content-Type-Options": "nosniff",
+}
+
+
+async def index(request: web.Request) -> web.StreamResponse:
+    return web.FileResponse(
+        STATIC_DIR / "index.html", headers={**SECURITY_HEADERS, "Cache-Control": "no-cache"}
+    )
+
+
+def setup(
+    app: web.Application, settings: Settings, turns: TurnService, http: aiohttp.ClientSession
+) -> None:
+    app.router.add_get("/", index)
+    app.router.add_static("/static/", STATIC_DIR, append_version=False)

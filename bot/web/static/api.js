@@ -1,0 +1,122 @@
+// The public HTTP API, as the page uses it. The key goes in the Authorization header only.
+
+export class ApiError extends Error {
+  constructor(errorClass, message, status) {
+    super(message);
+    this.errorClass = errorClass;
+    this.status = status;
+  }
+}
+
+const RECONNECTS = 3;
+const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+
+async function* parseSse(body) {
+  const reader = body.pipeThrough(new TextDecoderStream()).getReader();
+  let buffer = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) return;
+    buffer += value;
+    let end;
+    while ((end = buffer.indexOf("\n\n")) >= 0) {
+      const block = buffer.slice(0, end);
+      buffer = buffer.slice(end + 2);
+      const fields = {};
+      for (const line of block.split("\n")) {
+        const colon = line.indexOf(": ");
+        if (colon > 0) fields[line.slice(0, colon)] = line.slice(colon + 2);
+      }
+      if (fields.event && fields.data) {
+        yield { id: fields.id, kind: fields.event, data: JSON.parse(fields.data) };
+      }
+    }
+  }
+}
+
+async function refusal(response) {
+  let document = {};
+  try {
+    document = await response.json();
+  } catch {
+    // Not our JSON error (a proxy's page, say): fall back to the status line.
+  }
+  return new ApiError(
+    document.error || `http_${response.status}`,
+    document.reason || response.statusText || `HTTP ${response.status}`,
+    response.status,
+  );
+}
+
+export class Api {
+  constructor(key) {
+    this.key = key;
+  }
+
+  headers(extra = {}) {
+    return { Authorization: `Bearer ${this.key}`, ...extra };
+  }
+
+  async fetch(path, options = {}) {
+    try {
+      return await fetch(path, { ...options, headers: this.headers(options.headers) });
+    } catch {
+      throw new ApiError("network", "Cannot reach the service.", 0);
+    }
+  }
+
+  async json(method, path, body) {
+    const response = await this.fetch(path, {
+      method,
+      headers: body ? { "Content-Type": "application/json" } : {},
+      body: body ? JSON.stringify(body) : undefined,
+    });
+    if (!response.ok) throw await refusal(response);
+    return response.json();
+  }
+
+  history(conversationId) {
+    return this.json("GET", `/v1/conversations/${encodeURIComponent(conversationId)}/turns`);
+  }
+
+  send(conversationId, messageId, text) {
+    return this.json("POST", "/v1/messages", {
+      conversation_id: conversationId,
+      message_id: messageId,
+      text,
+    });
+  }
+
+  cancel(turnId) {
+    return this.json("POST", `/v1/turns/${encodeURIComponent(turnId)}/cancel`);
+  }
+
+  // Yields delta / done / error events; a dropped connection resumes where it left off
+  // (Last-Event-ID is a character offset into the reply).
+  async *events(turnId) {
+    let offset = 0;
+    for (let attempt = 0; ; attempt++) {
+      let response;
+      try {
+        response = await this.fetch(`/v1/turns/${encodeURIComponent(turnId)}/events`, {
+          headers: { Accept: "text/event-stream", "Last-Event-ID": String(offset) },
+        });
+      } catch (error) {
+        if (attempt >= RECONNECTS) throw error;
+        await sleep(500 * (attempt + 1));
+        continue;
+      }
+      if (!response.ok) throw await refusal(response);
+      try {
+        for await (const event of parseSse(response.body)) {
+          if (event.kind === "delta") offset = Number(event.id) || offset;
+          yield event;
+          if (event.kind !== "delta") return;
+        }
+      } catch (error) {
+        if (attempt >= RECONNECTS) throw new ApiError("network", "The reply stream broke.", 0);
+      }
+      if (attempt >= RECONNECTS) throw new ApiError("network", "The reply stream ended early.", 0);
+    }
+  }
+}

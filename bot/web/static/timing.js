@@ -1,0 +1,95 @@
+// The per-reply picture of where the time went: a bar split by layer, TTFT, tokens/s, cache.
+
+const LAYERS = [
+  ["ingress", "Ingress (read and parse the request)"],
+  ["auth", "API key check"],
+  ["persist", "Store the message"],
+  ["wait", "Wait for the previous turn"],
+  ["history", "Load and store history"],
+  ["tokenize", "Tokenize the new message"],
+  ["queue", "Engine queue"],
+  ["prefill", "Prefill (prompt tokens not in the cache)"],
+  ["decode", "Decode (generate the reply)"],
+  ["deliver", "Deliver the text"],
+];
+
+const TOP_SHARE = 0.08;
+const TOP_COUNT = 4;
+const ms = (value) => (value >= 100 ? `${Math.round(value)} ms` : `${value.toFixed(1)} ms`);
+
+// Decode time spans from the first token to the last: completion - 1 tokens.
+function tokensPerSecond(usage, timings) {
+  const decodeMs = timings.decode || 0;
+  const tokens = (usage.completion_tokens || 0) - 1;
+  return decodeMs > 0 && tokens > 0 ? Math.round((tokens * 1000) / decodeMs) : null;
+}
+
+export function renderTiming(usage = {}, timings = {}) {
+  const figure = document.createElement("figure");
+  figure.className = "timing";
+
+  const present = LAYERS.filter(([name]) => (timings[name] || 0) > 0);
+  const total = present.reduce((sum, [name]) => sum + timings[name], 0);
+  const bar = document.createElement("div");
+  bar.className = "timing-bar";
+  bar.setAttribute("role", "img");
+  bar.setAttribute(
+    "aria-label",
+    "Time by layer: " + present.map(([name]) => `${name} ${ms(timings[name])}`).join(", "),
+  );
+  for (const [name, label] of present) {
+    const part = document.createElement("span");
+    part.className = `layer layer-${name}`;
+    part.style.flexGrow = String(timings[name] / total);
+    part.title = `${label}: ${ms(timings[name])}`;
+    part.dataset.layer = name;
+    bar.append(part);
+  }
+
+  const prompt = usage.prompt_tokens ?? 0;
+  const cached = usage.cached_tokens ?? 0;
+  const fresh = usage.new_tokens ?? prompt - cached;
+  const rate = tokensPerSecond(usage, timings);
+  const facts = [
+    timings.ttft != null ? `TTFT ${ms(timings.ttft)}` : null,
+    rate != null ? `${rate} tok/s` : null,
+    timings.e2e != null ? `total ${ms(timings.e2e)}` : null,
+    `prompt ${prompt} tok: ${cached} from cache, ${fresh} prefilled`,
+    `${usage.completion_tokens ?? 0} generated`,
+  ].filter(Boolean);
+  const caption = document.createElement("figcaption");
+  caption.className = "timing-facts";
+  caption.textContent = facts.join(" · ");
+
+  // The few layers that took most of the time, named right under the bar.
+  const top = document.createElement("p");
+  top.className = "timing-top";
+  const largest = [...present]
+    .sort(([a], [b]) => timings[b] - timings[a])
+    .filter(([name]) => timings[name] / total >= TOP_SHARE)
+    .slice(0, TOP_COUNT);
+  for (const [name] of largest) {
+    const item = document.createElement("span");
+    const swatch = document.createElement("span");
+    swatch.className = `swatch layer-${name}`;
+    item.append(swatch, `${name} ${ms(timings[name])}`);
+    top.append(item);
+  }
+
+  const legend = document.createElement("details");
+  legend.className = "timing-legend";
+  const summary = document.createElement("summary");
+  summary.textContent = "where the time went";
+  const list = document.createElement("ul");
+  for (const [name, label] of present) {
+    const item = document.createElement("li");
+    const swatch = document.createElement("span");
+    swatch.className = `swatch layer-${name}`;
+    item.append(swatch, `${name}: ${ms(timings[name])} — ${label}`);
+    list.append(item);
+  }
+  legend.append(summary, list);
+
+  figure.append(bar, top, caption, legend);
+  return figure;
+}

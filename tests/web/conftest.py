@@ -1,0 +1,48 @@
+"""Headless Chromium (Debian's package, never a download) driven by Playwright's async API."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from playwright.async_api import Browser
+
+CHROMIUM = Path(os.environ.get("BOT_TEST_CHROMIUM", "/usr/bin/chromium"))
+# This machine has no network: every background connection Chromium would make must be off.
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-quic",
+]
+ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
+
+
+@pytest.fixture(scope="session")
+async def browser() -> AsyncIterator[Browser]:
+    if not CHROMIUM.exists():  # noqa: ASYNC240 - one stat at session start
+        message = f"{CHROMIUM} not found: apt-get install -y chromium (.ci/run does)"
+        if os.environ.get("BOT_TEST_REQUIRE_BROWSER"):
+            pytest.fail(message)
+        pytest.skip(message)
+    # Never let Playwright fetch a browser of its own.
+    os.environ["PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD"] = "1"
+    from playwright.async_api import async_playwright
+
+    async with async_playwright() as playwright:
+        launched = await playwright.chromium.launch(
+            executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS
+        )
+        yield launched
+        await launched.close()
+
+
+@pytest.fixture
+def artifacts() -> Path:
+    ARTIFACTS.mkdir(exist_ok=True)
+    return ARTIFACTS

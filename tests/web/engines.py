@@ -1,0 +1,61 @@
+"""Engines for the client tests: the real engine slowed down, and one that is down."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+from bot.engine.base import GenerationChunk, GenerationRequest, InferenceEngine
+from bot.errors import EngineError, ErrorClass
+
+
+class SlowEngine:
+    """The real engine, with a pause before each streamed step.
+
+    The tiny model answers in about 0.1 s, too fast to watch a reply grow or to
+    stop one half-way; the pause makes streaming observable, nothing else changes.
+    """
+
+    def __init__(self, engine: InferenceEngine, pause_s: float) -> None:
+        self._engine = engine
+        self._pause_s = pause_s
+        self.max_model_len = engine.max_model_len
+
+    async def start(self) -> None:
+        await self._engine.start()
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
+        async for chunk in self._engine.generate(request):
+            await asyncio.sleep(self._pause_s)
+            yield chunk
+
+    async def abort(self, request_id: str) -> None:
+        await self._engine.abort(request_id)
+
+    async def check_health(self) -> None:
+        await self._engine.check_health()
+
+    async def shutdown(self) -> None:
+        await self._engine.shutdown()
+
+
+class DownEngine:
+    """An engine that is not there: every request fails as ``engine_unavailable``."""
+
+    max_model_len = 1024
+
+    async def start(self) -> None:
+        return None
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
+        raise EngineError(ErrorClass.ENGINE_UNAVAILABLE, "connection refused (test)")
+        yield  # pragma: no cover - makes this an async generator
+
+    async def abort(self, request_id: str) -> None:
+        return None
+
+    async def check_health(self) -> None:
+        raise EngineError(ErrorClass.ENGINE_UNAVAILABLE, "connection refused (test)")
+
+    async def shutdown(self) -> None:
+        return None
