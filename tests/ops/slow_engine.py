@@ -1,4 +1,9 @@
-"""The real engine, slowed down: each streamed chunk waits ``delay_s`` (turns stay in flight)."""
+"""The real engine, slowed down to ``delay_s`` a token (turns stay in flight).
+
+The delay is per token, not per chunk: vLLM merges the deltas a slow reader
+has not taken yet, so a per-chunk delay would let a whole reply arrive in two
+chunks.
+"""
 
 from __future__ import annotations
 
@@ -19,7 +24,7 @@ class SlowEngine:
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
         async for chunk in self._engine.generate(request):
-            await asyncio.sleep(self.delay_s)
+            await asyncio.sleep(self.delay_s * max(1, len(chunk.token_ids)))
             yield chunk
 
     async def abort(self, request_id: str) -> None:
