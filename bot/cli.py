@@ -111,5 +111,7 @@ main.add_command(conversations)
 main.add_command(doctor)
 
 
+main.add_command(__import__("bot.chat_client", fromlist=["chat"]).chat)  # issue 3
+
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())

@@ -18,7 +18,8 @@ class SlowEngine:
 
     def __init__(self, engine: InferenceEngine, pause_s: float) -> None:
         self._engine = engine
-        self._pause_s = pause_s
+        self.pause_s = pause_s
+        """Read at every step: a test may slow down only the turn it wants to interrupt."""
         self.max_model_len = engine.max_model_len
 
     async def start(self) -> None:
@@ -26,7 +27,7 @@ class SlowEngine:
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
         async for chunk in self._engine.generate(request):
-            await asyncio.sleep(self._pause_s)
+            await asyncio.sleep(self.pause_s)
             yield chunk
 
     async def abort(self, request_id: str) -> None:
