@@ -20,6 +20,7 @@ from pathlib import Path
 
 import click
 
+from bot.channels.telegram.cli import telegram
 from bot.cli_common import Context, pass_context
 from bot.cli_conversations import conversations
 from bot.cli_db import db
@@ -109,8 +110,10 @@ main.add_command(db)
 main.add_command(keys)
 main.add_command(conversations)
 main.add_command(doctor)
+main.add_command(telegram)
 
 
+main.add_command(__import__("bot.cli_limits", fromlist=["limits"]).limits)  # issue 8
 main.add_command(__import__("bot.chat_client", fromlist=["chat"]).chat)  # issue 3
 
 if __name__ == "__main__":  # pragma: no cover

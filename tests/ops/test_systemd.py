@@ -1,0 +1,91 @@
+"""The notify protocol on a real datagram socket, and the unit file through systemd-analyze."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from bot import systemd
+
+ROOT = Path(__file__).resolve().parents[2]
+UNIT = ROOT / "deploy" / "bot.service"
+
+
+def test_notify_is_a_no_op_outside_systemd() -> None:
+    assert systemd.notify("READY=1", environ={}) is False
+
+
+def test_notify_sends_one_datagram_to_a_path_socket(tmp_path: Path) -> None:
+    path = tmp_path / "notify"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as server:
+        server.bind(str(path))
+        assert systemd.notify("READY=1", "STATUS=up", environ={"NOTIFY_SOCKET": str(path)})
+        assert server.recv(4096) == b"READY=1\nSTATUS=up"
+
+
+def test_notify_reaches_an_abstract_socket() -> None:
+    name = f"bot-test-{uuid.uuid4().hex}"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as server:
+        server.bind("\0" + name)
+        assert systemd.notify("WATCHDOG=1", environ={"NOTIFY_SOCKET": "@" + name})
+        assert server.recv(4096) == b"WATCHDOG=1"
+
+
+def test_watchdog_interval_is_half_the_timeout_and_only_for_this_pid() -> None:
+    assert systemd.watchdog_interval_s({}) is None
+    assert systemd.watchdog_interval_s({"WATCHDOG_USEC": "60000000"}) == 30.0
+    mine = {"WATCHDOG_USEC": "2000000", "WATCHDOG_PID": str(os.getpid())}
+    assert systemd.watchdog_interval_s(mine) == 1.0
+    assert systemd.watchdog_interval_s({**mine, "WATCHDOG_PID": "1"}) is None
+
+
+def unit_settings() -> dict[str, list[str]]:
+    values: dict[str, list[str]] = {}
+    for line in UNIT.read_text().splitlines():
+        if "=" in line and not line.startswith(("#", "[")):
+            key, _, value = line.partition("=")
+            values.setdefault(key.strip(), []).append(value.strip())
+    return values
+
+
+def test_unit_declares_notify_watchdog_restart_user_hardening_and_a_stop_timeout() -> None:
+    unit = unit_settings()
+    assert unit["Type"] == ["notify"]
+    assert unit["Restart"] == ["on-failure"]
+    assert unit["User"] == ["bot"]
+    assert int(unit["WatchdogSec"][0]) > 0
+    for key, expected in {
+        "NoNewPrivileges": "yes",
+        "ProtectSystem": "strict",
+        "PrivateTmp": "yes",
+    }.items():
+        assert unit[key] == [expected], key
+    assert unit["ReadWritePaths"] and unit["EnvironmentFile"] == ["/etc/bot/bot.env"]
+    # The stop timeout covers the default drain (30 s) plus the engine's shutdown.
+    from bot.config import ServerSettings
+
+    assert int(unit["TimeoutStopSec"][0]) >= ServerSettings().shutdown_grace_s + 30
+    command = unit["ExecStart"][0].split()
+    assert command[0] == "/opt/bot/.venv/bin/botctl" and command[1:] == ["serve"]
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze missing")
+def test_systemd_analyze_verify_passes_without_warnings(tmp_path: Path) -> None:
+    # verify checks that ExecStart exists: point it at this checkout's botctl.
+    botctl = Path(sys.executable).parent / "botctl"
+    text = UNIT.read_text().replace("/opt/bot/.venv/bin/botctl", str(botctl))
+    text = text.replace("EnvironmentFile=/etc/bot/", "EnvironmentFile=-/etc/bot/")
+    unit = tmp_path / "bot.service"
+    unit.write_text(text)
+    result = subprocess.run(
+        ["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.strip() == "", result.stderr
