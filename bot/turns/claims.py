@@ -91,6 +91,8 @@ class TurnClaims:
         self.exclusive = exclusive
         """Only this process uses the database (SQLite): no other worker can hold a lease."""
         self._tasks: list[asyncio.Task[None]] = []
+        self._started_here: dict[str, str] = {}
+        """Exclusive mode: conversation -> the turn this process last handed out."""
         self._open_reply: Callable[[TurnAddress], ReplySink] | None = None
         self._streams: TurnStreams | None = None
 
@@ -119,6 +121,8 @@ class TurnClaims:
         return None
 
     async def _claim_head(self, conversation_id: str) -> tuple[str, Turn | None]:
+        if self.exclusive:
+            return await self._take_head_alone(conversation_id)
         now = utcnow()
         head_id = (
             select(Turn.id)
@@ -152,10 +156,41 @@ class TurnClaims:
             turn.lease_expires_at = now + self.lease
             return "claimed", turn
 
+    async def _take_head_alone(self, conversation_id: str) -> tuple[str, Turn | None]:
+        """Single process (SQLite): no lease to write, the per-conversation task is the lock.
+
+        Skipping the lease write matters there: SQLite serialises every writer,
+        and an extra write per turn start queues behind accepts under load.
+        """
+        async with self._sessions() as session:
+            turn = (
+                await session.scalars(
+                    select(Turn)
+                    .where(Turn.conversation_id == conversation_id, Turn.status.in_(OPEN_STATUSES))
+                    .order_by(Turn.seq)
+                    .limit(1)
+                )
+            ).one_or_none()
+            if turn is None:
+                return "none", None
+            if turn.status == TurnStatus.QUEUED:
+                self._started_here[conversation_id] = turn.id
+                return "claimed", turn
+            if self._started_here.get(conversation_id) == turn.id:
+                return "busy", None
+        # Running, but not started by this process: a previous run died with it.
+        async with self._sessions() as session, session.begin():
+            row = await session.get(Turn, turn.id)
+            if row is None or row.status != TurnStatus.RUNNING:
+                return "raced", None
+            self._mark_interrupted(row, row.lease_owner)
+        return "interrupted", row
+
     def _mark_interrupted(self, turn: Turn, owner: str | None) -> None:
         turn.status = TurnStatus.FAILED
         turn.error_class = ErrorClass.INTERNAL.value
-        turn.error_message = f"interrupted: worker {owner or '(unknown)'} stopped while running it"
+        who = f"worker {owner}" if owner else "the previous run"
+        turn.error_message = f"interrupted: {who} stopped while running it"
         turn.finished_at = utcnow()
         turn.lease_owner = None
         turn.lease_expires_at = None
