@@ -231,11 +231,11 @@ async def test_failure_mid_stream_ends_the_stream_with_an_apology(
 ) -> None:
     sink = open_sink(make_channel(streaming="stream"))
     await sink.start()
-    await sink.delta("The answer is")
+    await sink.delta("The answer is 42, unl")  # a partial last word is held back
     await asyncio.sleep(0.2)
     await sink.fail(ErrorClass.ENGINE_UNAVAILABLE, "Sorry, the assistant is unavailable right now.")
     [message] = slack_api.thread(CHANNEL, THREAD)
-    assert message.text == "The answer is\n\n_Sorry, the assistant is unavailable right now._"
+    assert message.text == "The answer is 42, \n\n_Sorry, the assistant is unavailable right now._"
     assert not message.streaming
 
 

@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 
 _FENCE_LINE = re.compile(r"^\s*(```|~~~)", re.MULTILINE)
-_CLOSE = "\n```"
+CLOSE_FENCE = "\n```"
 _REOPEN = "```\n"
 # A boundary earlier than this share of the window wastes too much of a message.
 _MIN_CUT_SHARE = 0.5
@@ -47,11 +47,11 @@ def first_cut(text: str, limit: int, *, min_index: int = 0) -> Cut | None:
     if len(text) <= limit:
         return None
     # Keep room for a fence that may have to be closed.
-    index = _cut_index(text, limit - len(_CLOSE), min_index)
+    index = _cut_index(text, limit - len(CLOSE_FENCE), min_index)
     piece = text[:index]
     if len(_FENCE_LINE.findall(piece)) % 2:
         # Only ever appended to, so a stream that already sent ``piece`` can send the close.
-        return Cut(piece + ("```" if piece.endswith("\n") else _CLOSE), index, _REOPEN)
+        return Cut(piece + ("```" if piece.endswith("\n") else CLOSE_FENCE), index, _REOPEN)
     return Cut(piece, index, "")
 
 

@@ -22,6 +22,8 @@ from bot.channels.slack.settings import SLACK_MAX_TEXT_CHARS
 
 # markdown_text of one chat.startStream / appendStream / stopStream call.
 STREAM_CALL_MAX_CHARS = 12_000
+# A partial last word is held back while a space lies this close to the end.
+_WORD_HOLD_BACK = 64
 
 
 class StreamingUnsupported(Exception):
@@ -161,9 +163,17 @@ class StreamDelivery:
             body = cut.piece if cut else rest
             new = body[self._sent :]
             if cut is None and not final:
-                # Whitespace alone would be an empty-looking update: it goes with the next words.
-                if new.strip():
-                    await self._send(new)
+                # Stream whole words only, and never into the room a closing fence may
+                # need: a later cut can then fall on the boundary where streaming stopped.
+                room = self._limit - len(chunks.CLOSE_FENCE) - self._sent
+                ready = new[:room]
+                if len(ready) < len(new) or not ready[-1:].isspace():
+                    space = max(ready.rfind(" "), ready.rfind("\n"))
+                    # Text without spaces (CJK, one long token) streams as it comes.
+                    if space >= len(ready) - _WORD_HOLD_BACK:
+                        ready = ready[: space + 1]
+                if ready.strip():
+                    await self._send(ready)
                 return
             if cut is None:
                 if self._ts is None and not new.strip():

@@ -19,6 +19,8 @@ DEFAULT_POST_INTERVAL_S = 1.0
 # for readability; longer replies continue in further messages of the thread.
 DEFAULT_MAX_MESSAGE_CHARS = 4000
 SLACK_MAX_TEXT_CHARS = 40_000
+# Room for a closed code fence and a few words; lower only makes sense in tests.
+MIN_MESSAGE_CHARS = 40
 # A rate-limited reply waits out Retry-After; past this total it gives up.
 DEFAULT_MAX_RETRY_WAIT_S = 120.0
 DEFAULT_API_TIMEOUT_S = 10
@@ -48,7 +50,9 @@ class SlackAppSettings(BaseModel):
     update_interval_s: float = Field(DEFAULT_UPDATE_INTERVAL_S, ge=0)
     post_interval_s: float = Field(DEFAULT_POST_INTERVAL_S, ge=0)
     """Spacing of new messages (chat.postMessage, chat.startStream) in one channel."""
-    max_message_chars: int = Field(DEFAULT_MAX_MESSAGE_CHARS, ge=100, le=SLACK_MAX_TEXT_CHARS)
+    max_message_chars: int = Field(
+        DEFAULT_MAX_MESSAGE_CHARS, ge=MIN_MESSAGE_CHARS, le=SLACK_MAX_TEXT_CHARS
+    )
     max_retry_wait_s: float = Field(DEFAULT_MAX_RETRY_WAIT_S, ge=0)
     api_timeout_s: int = Field(DEFAULT_API_TIMEOUT_S, gt=0)
     user_cache_ttl_s: float = Field(DEFAULT_USER_CACHE_TTL_S, ge=0)
