@@ -41,7 +41,11 @@ def classify_db_error(exc: BaseException, url: str) -> DoctorFailure:
             f"no answer from {where} within {DB_TIMEOUT_S:.0f} s",
             "a firewall drops the packets, or the server is overloaded",
         )
-    if "InvalidPasswordError" in names or "password authentication failed" in text_all:
+    if (
+        names & {"InvalidPasswordError", "InvalidAuthorizationSpecificationError"}
+        or "password authentication failed" in text_all
+        or ("role" in text_all and "does not exist" in text_all)
+    ):
         return DoctorFailure(
             ErrorClass.AUTH.value,
             f"{where} refused the credentials",
