@@ -18,6 +18,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 
 from bot.channels.slack.settings import SlackAppSettings
 from bot.errors import ErrorClass
+from bot.metrics import note_rate_limited
 
 AUTH_ERRORS = frozenset(
     {
@@ -140,6 +141,8 @@ class SlackApi:
             status = exc.response.status_code
             error = str(data.get("error") or f"http_{status}")
             retry_after = _retry_after(exc.response.headers) if status == 429 else None
+            if status == 429:
+                note_rate_limited("slack")
             if status == 429 and error not in RATE_ERRORS:
                 error = "ratelimited"
             raise SlackCallError(method, error, retry_after=retry_after, status=status) from None

@@ -23,6 +23,7 @@ from pydantic import SecretStr
 from bot.channels.telegram.pacing import ChatPacer, PacingPolicy
 from bot.channels.telegram.settings import TelegramBotSettings
 from bot.errors import ErrorClass
+from bot.metrics import note_rate_limited
 
 log = structlog.get_logger(__name__)
 
@@ -136,6 +137,7 @@ class TelegramApi:
                     raise
                 self.pacer.flood(chat_id, exc.retry_after)
                 floods += 1
+                note_rate_limited("telegram")
                 log.warning(
                     "telegram.flood_wait",
                     method=method,
