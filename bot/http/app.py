@@ -30,6 +30,8 @@ from bot.http.keys import (
 )
 from bot.storage.db import create_engine, create_sessionmaker
 from bot.turns.chat_format import ChatFormat, load_tokenizer
+from bot.turns.limits import FairUse
+from bot.turns.policy import build_policy
 from bot.turns.claims import build_claims
 from bot.turns.runner import TurnRunner
 from bot.turns.service import TurnService
@@ -79,6 +81,7 @@ async def create_app(
     app[ENGINE] = inference
     turns = TurnService(sessions, TurnStreams())
     app[TURNS] = turns
+    turns.fair_use = FairUse(settings.limits)
     turns.claims = build_claims(settings.workers, settings.database.url, sessions)
     http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30))
     app[HTTP_CLIENT] = http
@@ -99,6 +102,13 @@ async def create_app(
                 streams=turns.streams,
                 generation=settings.generation,
                 open_reply=turns.open_reply,
+                policy=build_policy(
+                    settings,
+                    chat_format=fmt,
+                    engine=inference,
+                    sessions=sessions,
+                    fair_use=turns.fair_use,
+                ),
                 observers=[metrics.observe_turn],
             )
         )

@@ -118,24 +118,40 @@ class History:
     """Concatenation of every stored entry's ids: the next prompt starts with exactly these."""
     last_assistant_ids: list[int]
     next_seq: int
+    ends_with_base: bool = False
+    """The last entry is a compaction's base, which already closes its last reply."""
+
+
+BASE_ROLE = "base"
+"""Role of the entry a compaction writes (``bot.turns.compaction``): the history restarts there."""
 
 
 async def load_history(session: AsyncSession, conversation_id: str) -> History:
-    rows = (
-        await session.execute(
-            select(Message.role, Message.token_ids)
-            .where(Message.conversation_id == conversation_id)
-            .order_by(Message.seq)
+    base_seq = await session.scalar(
+        select(func.max(Message.seq)).where(
+            Message.conversation_id == conversation_id, Message.role == BASE_ROLE
         )
-    ).all()
+    )
+    query = (
+        select(Message.seq, Message.role, Message.token_ids)
+        .where(Message.conversation_id == conversation_id)
+        .order_by(Message.seq)
+    )
+    if base_seq is not None:
+        # Entries before the latest base were compacted away: they stay stored, unprompted.
+        query = query.where(Message.seq >= base_seq)
+    rows = (await session.execute(query)).all()
     prompt: list[int] = []
     last_assistant: list[int] = []
-    for role, packed in rows:
+    last_role: str | None = None
+    for _, role, packed in rows:
         ids = unpack_token_ids(packed)
         prompt.extend(ids)
         if role == "assistant":
             last_assistant = ids
-    return History(prompt, last_assistant, len(rows))
+        last_role = role
+    next_seq = rows[-1][0] + 1 if rows else 0
+    return History(prompt, last_assistant, next_seq, ends_with_base=last_role == BASE_ROLE)
 
 
 async def count_messages(session: AsyncSession, conversation_id: str) -> int:

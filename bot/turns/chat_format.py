@@ -118,6 +118,11 @@ class ChatFormat:
 
     def next_turn(self, previous_generated: Sequence[int], content: str) -> UserTurn:
         """Ids to append after the previous reply: its closing, then the new user turn."""
+        after = self.turn_after_closed(content)
+        return UserTurn(self.closing_ids(previous_generated) + after.token_ids, content)
+
+    def turn_after_closed(self, content: str) -> UserTurn:
+        """Ids of a user turn after a history whose last reply is closed (a compacted base)."""
         full = self._render(
             [
                 *self._system,
@@ -128,7 +133,18 @@ class ChatFormat:
             add_generation_prompt=True,
         )
         suffix = full[len(self._history_prefix) :]
-        return UserTurn(self.closing_ids(previous_generated) + self._encode(suffix), content)
+        return UserTurn(self._encode(suffix), content)
+
+    def render_ids(
+        self, messages: Sequence[dict[str, str]], *, add_generation_prompt: bool
+    ) -> list[int]:
+        """Render whole messages with the template and tokenize, once (compaction, summaries)."""
+        rendered = self._render(list(messages), add_generation_prompt=add_generation_prompt)
+        return self._encode(rendered)
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self._tokenizer
 
     def closing_ids(self, generated: Sequence[int]) -> list[int]:
         """What closes an assistant turn, given the ids the engine generated for it.

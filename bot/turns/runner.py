@@ -22,9 +22,11 @@ from bot.config import GenerationSettings
 from bot.engine.base import GenerationChunk, GenerationRequest, InferenceEngine
 from bot.errors import USER_MESSAGES, BotError, ContextOverflow, ErrorClass
 from bot.storage.models import Message, Turn, TurnStatus, utcnow
-from bot.storage.queries import as_utc, load_history
+from bot.storage.queries import History, as_utc, load_history
 from bot.storage.tokens import pack_token_ids
-from bot.turns.chat_format import ChatFormat, user_content
+from bot.turns.chat_format import ChatFormat, UserTurn
+from bot.turns.coalescing import claim_pending, coalesced_event, combined_content
+from bot.turns.policy import TurnPolicy
 from bot.turns.streams import TurnStreams
 from bot.turns.timing import LayerClock
 
@@ -45,6 +47,9 @@ class _Progress:
     cached_tokens: int | None = None
     first_token_at: float | None = None
     finish_reason: str | None = None
+    covered: list[Turn] = field(default_factory=list)
+    """Queued turns this one answers too (coalescing)."""
+    compaction_id: str | None = None
 
 
 class TurnRunner:
@@ -58,7 +63,9 @@ class TurnRunner:
         generation: GenerationSettings,
         open_reply: OpenReply,
         observers: list[TurnObserver] | None = None,
+        policy: TurnPolicy | None = None,
     ) -> None:
+        self.policy = policy or TurnPolicy()
         self._sessions = sessions
         self._engine = engine
         self._chat_format = chat_format
@@ -75,7 +82,10 @@ class TurnRunner:
                 return
             turn.status = TurnStatus.RUNNING
             turn.started_at = utcnow()
+            covered = await claim_pending(session, turn) if self.policy.coalesce else []
             await session.commit()
+        for other in covered:
+            await self._streams.close(other.id, "done", coalesced_event(other, turn.id))
 
         clock = LayerClock(turn.layer_ms)
         if persist_ms is not None:
@@ -90,7 +100,7 @@ class TurnRunner:
         sink = self._open_reply(
             TurnAddress(turn.id, turn.conversation_id, turn.channel, dict(turn.reply_to))
         )
-        progress = _Progress()
+        progress = _Progress(covered=covered)
         try:
             await self._generate(turn, sink, clock, progress)
         except asyncio.CancelledError:
@@ -118,15 +128,30 @@ class TurnRunner:
         with clock.measure("history"):
             async with self._sessions() as session:
                 history = await load_history(session, turn.conversation_id)
+                cache_salt = await self.policy.cache_salt(session, turn.conversation_id)
         with clock.measure("tokenize"):
-            content = user_content(turn.user_text, turn.user_name)
-            if history.prompt_ids:
-                user = self._chat_format.next_turn(history.last_assistant_ids, content)
-            else:
-                user = self._chat_format.first_turn(content)
+            content = combined_content(turn, progress.covered)
+            user = self._user_turn(history, content)
             prompt = history.prompt_ids + user.token_ids
-        progress.prompt_tokens = len(prompt)
         max_tokens = self._generation.max_tokens
+        compactor = self.policy.compactor
+        if history.prompt_ids and compactor and compactor.needed(len(prompt), max_tokens):
+            # The history outgrew its window: rebuild the base once (the cache breaks here only).
+            with clock.measure("compact"):
+                compacted = await compactor.compact(
+                    conversation_id=turn.conversation_id,
+                    turn_id=turn.id,
+                    content=content,
+                    history=history,
+                    max_tokens=max_tokens,
+                    cache_salt=cache_salt,
+                )
+            if compacted is not None:
+                history = compacted.history
+                progress.compaction_id = compacted.compaction_id
+                user = self._user_turn(history, content)
+                prompt = history.prompt_ids + user.token_ids
+        progress.prompt_tokens = len(prompt)
         if len(prompt) + max_tokens > self._engine.max_model_len:
             raise ContextOverflow(len(prompt), max_tokens, self._engine.max_model_len)
 
@@ -136,6 +161,7 @@ class TurnRunner:
             max_tokens=max_tokens,
             temperature=self._generation.temperature,
             top_p=self._generation.top_p,
+            cache_salt=cache_salt,
             session_key=turn.conversation_id,
         )
         final: GenerationChunk | None = None
@@ -188,6 +214,23 @@ class TurnRunner:
                     ]
                 )
 
+    def _user_turn(self, history: History, content: str) -> UserTurn:
+        if history.ends_with_base:
+            return self._chat_format.turn_after_closed(content)
+        if history.prompt_ids:
+            return self._chat_format.next_turn(history.last_assistant_ids, content)
+        return self._chat_format.first_turn(content)
+
+    @staticmethod
+    def _policy_fields(progress: _Progress) -> dict[str, Any]:
+        """Issue-8 facts of a turn, only when they happened (log line, done event)."""
+        fields: dict[str, Any] = {}
+        if progress.compaction_id is not None:
+            fields["compaction_id"] = progress.compaction_id
+        if progress.covered:
+            fields["coalesced"] = [turn.id for turn in progress.covered]
+        return fields
+
     def _usage(self, progress: _Progress) -> dict[str, int | None]:
         prompt = progress.prompt_tokens
         cached = progress.cached_tokens
@@ -226,8 +269,11 @@ class TurnRunner:
             row.finish_reason = progress.finish_reason
             row.layer_ms = {**timings["layer_ms"], "ttft": timings["ttft_ms"], "e2e": timings["e2e_ms"]}
             row.finished_at = dt.datetime.now(dt.UTC)
+            row.compaction_id = progress.compaction_id
             for name, value in fields.items():
                 setattr(row, name, value)
+            if self.policy.fair_use is not None:
+                await self.policy.fair_use.charge_turn(session, row)
 
     async def _succeed(
         self, turn: Turn, clock: LayerClock, progress: _Progress, received_at: float
@@ -244,6 +290,7 @@ class TurnRunner:
                 "usage": usage,
                 "finish_reason": progress.finish_reason,
                 "timings_ms": {**timings["layer_ms"], "ttft": timings["ttft_ms"], "e2e": timings["e2e_ms"]},
+                **self._policy_fields(progress),
             },
         )
         self._emit(
@@ -254,6 +301,7 @@ class TurnRunner:
             finish_reason=progress.finish_reason,
             **usage,
             **timings,
+            **self._policy_fields(progress),
         )
 
     async def _fail(
@@ -297,6 +345,7 @@ class TurnRunner:
             hint=hint,
             **self._usage(progress),
             **timings,
+            **self._policy_fields(progress),
         )
 
     def _emit(self, **fields: Any) -> None:

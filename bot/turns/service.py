@@ -24,6 +24,7 @@ from bot.errors import ErrorClass
 from bot.storage import queries
 from bot.storage.models import InboundEvent, Turn, TurnStatus
 from bot.turns.claims import TurnClaims
+from bot.turns.limits import FairUse, RateLimited, Refusal, subjects_for
 from bot.turns.streams import TurnStreams
 
 log = structlog.get_logger(__name__)
@@ -34,6 +35,8 @@ class Accepted:
     turn_id: str
     conversation_id: str
     duplicate: bool
+    rate_limited: Refusal | None = None
+    """Set when a fair-use limit refused the message: nothing was stored, try again later."""
 
 
 class UnknownChannel(Exception):
@@ -60,6 +63,8 @@ class TurnService:
         self._active: dict[str, tuple[str, asyncio.Task[None]]] = {}
         self._persist_ms: dict[str, float] = {}
         self._accepting = True
+        self.fair_use: FairUse | None = None
+        self._apologies: set[asyncio.Task[None]] = set()
         self.claims = TurnClaims(sessions)
         """Turn leases; the app replaces it with one configured for several workers."""
 
@@ -88,6 +93,9 @@ class TurnService:
             return existing
         try:
             async with self._sessions() as session, session.begin():
+                if self.fair_use is not None:
+                    # Counted in this transaction: a refusal rolls every count back.
+                    await self.fair_use.admit(session, _limit_subjects(message))
                 conversation = await queries.open_conversation(
                     session,
                     owner=message.owner,
@@ -103,6 +111,7 @@ class TurnService:
                     user_id=message.user_id,
                     user_name=message.user_name,
                     user_text=message.text,
+                    api_key_id=message.api_key_id,
                     status=TurnStatus.QUEUED,
                     layer_ms=dict(message.layer_ms),
                     created_at=dt.datetime.fromtimestamp(message.received_at, dt.UTC),
@@ -117,6 +126,8 @@ class TurnService:
                         turn_id=turn.id,
                     )
                 )
+        except RateLimited as exc:
+            return self._refuse(message, exc.refusal)
         except IntegrityError:
             # The same delivery raced us (platform retry, second worker): theirs won.
             existing = await self._find_duplicate(message)
@@ -129,6 +140,28 @@ class TurnService:
             self.streams.open(turn.id)
         self.schedule(conversation.id)
         return Accepted(turn.id, conversation.id, duplicate=False)
+
+    def _refuse(self, message: InboundMessage, refusal: Refusal) -> Accepted:
+        """Over a fair-use limit: tell the user when to try again; store nothing."""
+        log.info(
+            "rate_limited",
+            channel=message.channel,
+            subject=refusal.subject,
+            limit=refusal.limit,
+            retry_after_s=refusal.retry_after_s,
+        )
+        task = asyncio.create_task(self._apologise(message, refusal))
+        self._apologies.add(task)
+        task.add_done_callback(self._apologies.discard)
+        return Accepted("", "", duplicate=False, rate_limited=refusal)
+
+    async def _apologise(self, message: InboundMessage, refusal: Refusal) -> None:
+        # Chat platforms hear it from the bot; the HTTP API's sink is silent (it answers 429).
+        try:
+            address = TurnAddress("", "", message.channel, dict(message.reply_to))
+            await self.open_reply(address).fail(ErrorClass.RATE_LIMITED, refusal.user_message)
+        except Exception as exc:
+            log.warning("apology_not_delivered", error=f"{type(exc).__name__}: {exc}")
 
     async def _find_duplicate(self, message: InboundMessage) -> Accepted | None:
         async with self._sessions() as session:
@@ -267,6 +300,12 @@ class TurnService:
             await asyncio.gather(task, return_exceptions=True)
         await self.claims.close()
         return cancelled
+
+
+def _limit_subjects(message: InboundMessage) -> list[str]:
+    return subjects_for(
+        api_key_id=message.api_key_id, channel=message.channel, user_id=message.user_id
+    )
 
 
 class TurnRunnerLike:

@@ -29,7 +29,7 @@ class _Section(BaseModel):
 class CompactionSettings(_Section):
     enabled: bool = True
     high_watermark: float = Field(DEFAULT_HIGH_WATERMARK, gt=0, le=1)
-    """Compact when the next prompt + generation.max_tokens would pass this share of max_model_len."""
+    """Compact when the next prompt + generation.max_tokens passes this share of max_model_len."""
     low_watermark: float = Field(DEFAULT_LOW_WATERMARK, gt=0, lt=1)
     """The rebuilt prompt + generation.max_tokens stays under this share of max_model_len."""
     summary: bool = True

@@ -1,0 +1,62 @@
+"""Coalescing: messages that piled up while a reply was generating get one answer.
+
+With ``chat.pending_messages = "coalesce"``, the turn that starts running
+claims every other queued turn of its conversation: they end at once with
+status ``done``, no reply of their own and ``coalesced_into`` naming the
+answering turn, whose user entry holds all their texts in order. Their event
+streams end with a ``done`` event that carries ``coalesced_into`` (follow that
+turn for the reply). With ``one_by_one`` every message gets its own turn.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from bot.storage.models import Turn, TurnStatus
+from bot.turns.chat_format import user_content
+
+SEPARATOR = "\n\n"
+
+
+async def claim_pending(session: AsyncSession, answering: Turn) -> list[Turn]:
+    """Mark the conversation's other queued turns as answered by ``answering`` (caller commits)."""
+    pending = (
+        await session.scalars(
+            select(Turn)
+            .where(
+                Turn.conversation_id == answering.conversation_id,
+                Turn.status == TurnStatus.QUEUED,
+                Turn.id != answering.id,
+            )
+            .order_by(Turn.seq)
+        )
+    ).all()
+    now = dt.datetime.now(dt.UTC)
+    for turn in pending:
+        turn.status = TurnStatus.DONE
+        turn.coalesced_into = answering.id
+        turn.started_at = now
+        turn.finished_at = now
+    return list(pending)
+
+
+def combined_content(answering: Turn, covered: Sequence[Turn]) -> str:
+    """The user entry of the answering turn: every covered message, oldest first."""
+    return SEPARATOR.join(user_content(t.user_text, t.user_name) for t in (answering, *covered))
+
+
+def coalesced_event(covered: Turn, answering_id: str) -> dict[str, Any]:
+    """The ``done`` event that ends a covered turn's stream."""
+    return {
+        "turn_id": covered.id,
+        "text": "",
+        "coalesced_into": answering_id,
+        "usage": {"prompt_tokens": 0, "cached_tokens": 0, "new_tokens": 0, "completion_tokens": 0},
+        "finish_reason": "coalesced",
+        "timings_ms": {},
+    }

@@ -1,0 +1,368 @@
+"""Compaction: rebuild a long conversation's token-exact base once, instead of every turn.
+
+Between compactions every prompt extends the previous prompt id for id
+(``bot.turns.chat_format``), so vLLM serves the whole history from its prefix
+cache. When the next prompt plus ``max_tokens`` would pass
+``high_watermark * max_model_len``, the runner calls ``Compactor.compact``:
+
+1. The exchanges (user message + reply) since the previous compaction's first
+   kept exchange are split into the most recent whole exchanges that fit under
+   ``low_watermark * max_model_len`` (with the new user turn, ``max_tokens``
+   and room for a summary) and the older ones, which are dropped. At least one
+   is dropped, so a compaction always makes room.
+2. Optionally (``compaction.summary``) the model summarises the previous
+   summary plus the dropped exchanges, in a separate request.
+3. System prompt + summary + kept exchanges are rendered with the chat template
+   once and stored as a ``base`` history entry with a ``compactions`` row. From
+   then on the history is that base plus the entries after it
+   (``bot.storage.queries.load_history``).
+
+The cache therefore breaks once per compaction (a rolling window breaks it on
+every turn). Older entries stay stored; they are just no longer prompted.
+
+Reasoning models: generated reasoning stays in the token-exact history between
+compactions (the stored ids are never rewritten). At a compaction, replies are
+re-rendered from their text; with ``reasoning = "drop"`` (or ``"auto"`` when
+the tokenizer's vocabulary or the chat template contains the close tag, as
+with Qwen3 and DeepSeek-R1) everything up to the last ``</think>`` is cut.
+Limitation: this works on the reply text as vLLM detokenized it, so the tags
+must survive detokenization (they do when they are added, non-special tokens).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from bot.config import GenerationSettings
+from bot.engine.base import GenerationRequest, InferenceEngine
+from bot.storage.models import Compaction, Message
+from bot.storage.queries import BASE_ROLE, History
+from bot.storage.tokens import pack_token_ids
+from bot.turns.chat_format import ChatFormat, Tokenizer
+from bot.turns.settings import CompactionSettings
+
+log = structlog.get_logger("bot.compaction")
+
+SUMMARY_HEADER = "Summary of the earlier conversation:"
+SUMMARY_INSTRUCTION = (
+    "You condense chat transcripts. Write a short summary of the conversation below for the "
+    "assistant who continues it: facts, names, numbers, decisions and open questions. "
+    "Merge it with the summary so far, if there is one. No preamble."
+)
+# Tokens kept free around the summary prompt's transcript (template overhead varies by model).
+SUMMARY_PROMPT_MARGIN = 16
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """One user message and the reply to it, as text (what a rebuilt base re-renders)."""
+
+    user_seq: int
+    user: str
+    assistant: str
+
+
+@dataclass(frozen=True)
+class Compacted:
+    history: History
+    compaction_id: str
+    summary_tokens: int
+
+
+def strip_reasoning(text: str, open_tag: str, close_tag: str) -> str:
+    """The answer part of a reply: what follows the last close tag.
+
+    The open tag is often part of the generation prompt rather than the reply,
+    so the close tag decides. A reply cut off inside its reasoning has no
+    answer part: what precedes the open tag (usually nothing) is kept.
+    """
+    if close_tag and close_tag in text:
+        return text.rsplit(close_tag, 1)[1].lstrip()
+    if open_tag and open_tag in text:
+        return text.split(open_tag, 1)[0].rstrip()
+    return text
+
+
+def knows_reasoning_tags(tokenizer: Tokenizer, close_tag: str) -> bool:
+    """Whether the model writes reasoning: its chat template or vocabulary has the close tag."""
+    template = getattr(tokenizer, "chat_template", None)
+    if isinstance(template, str) and close_tag in template:
+        return True
+    get_vocab = getattr(tokenizer, "get_vocab", None)
+    if callable(get_vocab):
+        vocab: Any = get_vocab()
+        return isinstance(vocab, dict) and close_tag in vocab
+    return False
+
+
+def pair_exchanges(rows: Sequence[tuple[int, str, str, str | None]]) -> list[Exchange]:
+    """(seq, role, text, turn_id) rows in order -> whole exchanges (a user entry and its reply)."""
+    exchanges: list[Exchange] = []
+    pending: tuple[int, str, str | None] | None = None
+    for seq, role, text, turn_id in rows:
+        if role == "user":
+            pending = (seq, text, turn_id)
+        elif role == "assistant" and pending is not None and pending[2] == turn_id:
+            exchanges.append(Exchange(pending[0], pending[1], text))
+            pending = None
+    return exchanges
+
+
+class Compactor:
+    def __init__(
+        self,
+        *,
+        settings: CompactionSettings,
+        chat_format: ChatFormat,
+        engine: InferenceEngine,
+        generation: GenerationSettings,
+        sessions: async_sessionmaker[AsyncSession],
+    ) -> None:
+        self._settings = settings
+        self._format = chat_format
+        self._engine = engine
+        self._generation = generation
+        self._sessions = sessions
+        self.drops_reasoning = settings.reasoning == "drop" or (
+            settings.reasoning == "auto"
+            and knows_reasoning_tags(chat_format.tokenizer, settings.think_close_tag)
+        )
+
+    def needed(self, prompt_tokens: int, max_tokens: int) -> bool:
+        high = self._settings.high_watermark * self._engine.max_model_len
+        return self._settings.enabled and prompt_tokens + max_tokens > high
+
+    async def compact(
+        self,
+        *,
+        conversation_id: str,
+        turn_id: str,
+        content: str,
+        history: History,
+        max_tokens: int,
+        cache_salt: str | None,
+    ) -> Compacted | None:
+        """Rebuild and store the base; None when there is nothing to drop (a lone long message)."""
+        async with self._sessions() as session:
+            previous, exchanges = await self._load(session, conversation_id)
+        if not exchanges:
+            return None
+        if self.drops_reasoning:
+            exchanges = [
+                Exchange(
+                    e.user_seq,
+                    e.user,
+                    strip_reasoning(
+                        e.assistant, self._settings.think_open_tag, self._settings.think_close_tag
+                    ),
+                )
+                for e in exchanges
+            ]
+        user_ids = self._format.turn_after_closed(content).token_ids
+        kept = self._fit(exchanges, len(user_ids), max_tokens)
+        dropped = exchanges[: len(exchanges) - len(kept)]
+
+        summary = previous.summary if previous is not None else None
+        summary_tokens = 0
+        if self._settings.summary:
+            summary, summary_tokens = await self._summarise(
+                conversation_id, turn_id, summary, dropped, cache_salt
+            )
+        else:
+            summary = None
+        base_ids = self._format.render_ids(
+            self._messages(summary, kept), add_generation_prompt=False
+        )
+
+        async with self._sessions() as session, session.begin():
+            record = Compaction(
+                conversation_id=conversation_id,
+                turn_id=turn_id,
+                base_seq=history.next_seq,
+                kept_from_seq=kept[0].user_seq if kept else None,
+                summary=summary,
+                dropped_exchanges=len(dropped),
+                kept_exchanges=len(kept),
+                tokens_before=len(history.prompt_ids),
+                tokens_after=len(base_ids),
+                reasoning_dropped=self.drops_reasoning,
+                created_at=dt.datetime.now(dt.UTC),
+            )
+            session.add(record)
+            session.add(
+                Message(
+                    conversation_id=conversation_id,
+                    seq=history.next_seq,
+                    role=BASE_ROLE,
+                    text=self._format.decode(base_ids),
+                    token_ids=pack_token_ids(base_ids),
+                    turn_id=turn_id,
+                )
+            )
+            await session.flush()
+            compaction_id = record.id
+        # Sizes only: the summary and the turns are conversation content, not log material.
+        log.info(
+            "compaction",
+            conversation_id=conversation_id,
+            turn_id=turn_id,
+            compaction_id=compaction_id,
+            tokens_before=len(history.prompt_ids),
+            tokens_after=len(base_ids),
+            dropped_exchanges=len(dropped),
+            kept_exchanges=len(kept),
+            summary_tokens=summary_tokens,
+            reasoning_dropped=self.drops_reasoning,
+        )
+        return Compacted(
+            History(base_ids, [], history.next_seq + 1, ends_with_base=True),
+            compaction_id,
+            summary_tokens,
+        )
+
+    # -- pieces ------------------------------------------------------------------------
+
+    async def _load(
+        self, session: AsyncSession, conversation_id: str
+    ) -> tuple[Compaction | None, list[Exchange]]:
+        previous = (
+            await session.scalars(
+                select(Compaction)
+                .where(Compaction.conversation_id == conversation_id)
+                .order_by(Compaction.base_seq.desc())
+                .limit(1)
+            )
+        ).first()
+        query = (
+            select(Message.seq, Message.role, Message.text, Message.turn_id)
+            .where(
+                Message.conversation_id == conversation_id,
+                Message.role.in_(("user", "assistant")),
+            )
+            .order_by(Message.seq)
+        )
+        if previous is not None:
+            # Everything before the previous base's first kept exchange lives on in its summary.
+            start = (
+                previous.kept_from_seq if previous.kept_from_seq is not None else previous.base_seq
+            )
+            query = query.where(Message.seq >= start)
+        rows = [
+            (seq, role, text, turn_id) for seq, role, text, turn_id in await session.execute(query)
+        ]
+        return previous, pair_exchanges(rows)
+
+    def _messages(self, summary: str | None, kept: Sequence[Exchange]) -> list[dict[str, str]]:
+        system = self._format.system_prompt
+        if summary:
+            system = (
+                f"{system}\n\n{SUMMARY_HEADER}\n{summary}"
+                if system
+                else f"{SUMMARY_HEADER}\n{summary}"
+            )
+        messages = [{"role": "system", "content": system}] if system else []
+        for exchange in kept:
+            messages.append({"role": "user", "content": exchange.user})
+            messages.append({"role": "assistant", "content": exchange.assistant})
+        return messages
+
+    def _fit(self, exchanges: list[Exchange], user_tokens: int, max_tokens: int) -> list[Exchange]:
+        """The most recent whole exchanges under the low watermark; never all of them."""
+        budget = (
+            int(self._settings.low_watermark * self._engine.max_model_len)
+            - user_tokens
+            - max_tokens
+        )
+        if self._settings.summary:
+            # Room for the summary still to be written, and for its header.
+            budget -= self._settings.summary_max_tokens + len(self._encode(SUMMARY_HEADER)) + 2
+        kept = 0
+        # Rendering is linear in the history; a few dozen exchanges at most fit in any window.
+        while kept + 1 < len(exchanges):
+            candidate = exchanges[len(exchanges) - kept - 1 :]
+            size = len(
+                self._format.render_ids(
+                    self._messages(None, candidate), add_generation_prompt=False
+                )
+            )
+            if size > budget:
+                break
+            kept += 1
+        return exchanges[len(exchanges) - kept :] if kept else []
+
+    def _encode(self, text: str) -> list[int]:
+        return list(self._format.tokenizer.encode(text, add_special_tokens=False))
+
+    async def _summarise(
+        self,
+        conversation_id: str,
+        turn_id: str,
+        previous: str | None,
+        dropped: Sequence[Exchange],
+        cache_salt: str | None,
+    ) -> tuple[str | None, int]:
+        """The model's summary of the previous summary plus the dropped exchanges.
+
+        On failure the previous summary stands: a compaction must not fail the turn.
+        """
+        if not dropped:
+            return previous, 0
+        limit = (
+            self._engine.max_model_len - self._settings.summary_max_tokens - SUMMARY_PROMPT_MARGIN
+        )
+        head = f"Summary so far:\n{previous}\n\n" if previous else ""
+        frame = self._format.render_ids(
+            [{"role": "system", "content": SUMMARY_INSTRUCTION}, {"role": "user", "content": head}],
+            add_generation_prompt=True,
+        )
+        budget = limit - len(frame)
+        # The newest dropped exchanges matter most: when they do not all fit, the oldest go.
+        lines: list[str] = []
+        for exchange in reversed(dropped):
+            line = f"User: {exchange.user}\nAssistant: {exchange.assistant}"
+            cost = len(self._encode(line)) + 1
+            if cost > budget:
+                break
+            lines.insert(0, line)
+            budget -= cost
+        if not lines:
+            return previous, 0
+        prompt = self._format.render_ids(
+            [
+                {"role": "system", "content": SUMMARY_INSTRUCTION},
+                {"role": "user", "content": head + "Conversation:\n" + "\n".join(lines)},
+            ],
+            add_generation_prompt=True,
+        )
+        request = GenerationRequest(
+            request_id=f"{turn_id}:summary",
+            prompt_token_ids=prompt,
+            max_tokens=self._settings.summary_max_tokens,
+            temperature=self._generation.temperature,
+            top_p=self._generation.top_p,
+            cache_salt=cache_salt,
+            session_key=conversation_id,
+        )
+        text = ""
+        generated = 0
+        try:
+            async for chunk in self._engine.generate(request):
+                text += chunk.text
+                generated += len(chunk.token_ids)
+        except Exception as exc:
+            log.warning(
+                "compaction_summary_failed", turn_id=turn_id, error=f"{type(exc).__name__}: {exc}"
+            )
+            return previous, 0
+        if self.drops_reasoning:
+            text = strip_reasoning(
+                text, self._settings.think_open_tag, self._settings.think_close_tag
+            )
+        return (text.strip() or previous), generated

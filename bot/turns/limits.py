@@ -1,0 +1,258 @@
+"""Fair use: messages per minute and tokens per day, per API key and per platform user.
+
+Subjects are ``key:<api key id>`` (HTTP API) and ``user:<channel>:<user id>``
+(chat platforms). Limits come from ``[limits]`` in the config, overridden per
+subject by ``botctl limits set`` (table ``limit_overrides``); 0 means no limit.
+
+Counters live in the database (``usage_counters``), so they survive restarts
+and hold across workers. Each is one row per (subject, metric) with a fixed
+window (the current UTC minute, the current UTC day) that an atomic upsert
+resets when the window has moved on:
+
+* a message is admitted by ``INSERT .. ON CONFLICT DO UPDATE .. WHERE value <
+  limit RETURNING value``: no row back means the minute's allowance is spent,
+  and two workers can never both take the last slot;
+* tokens are charged when a turn ends (prompt tokens the engine computed, i.e.
+  not served from the prefix cache, plus generated tokens) and checked when the
+  next message arrives, so a turn in flight may overshoot the day's allowance once.
+
+Refused messages are not stored at all: the same message may be sent again once
+the window has passed.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import case, or_, select
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from bot.storage.models import LimitOverride, Turn, UsageCounter, utcnow
+from bot.turns.settings import LimitSettings
+
+MESSAGES_PER_MINUTE = "messages_per_minute"
+TOKENS_PER_DAY = "tokens_per_day"
+MINUTE_S = 60
+DAY_S = 86_400
+
+Clock = Callable[[], float]
+
+
+@dataclass(frozen=True)
+class Limits:
+    messages_per_minute: int
+    tokens_per_day: int
+
+
+@dataclass(frozen=True)
+class Refusal:
+    subject: str
+    limit: str
+    """``messages_per_minute`` or ``tokens_per_day``."""
+    retry_after_s: int
+
+    @property
+    def user_message(self) -> str:
+        wait = describe_wait(self.retry_after_s)
+        if self.limit == MESSAGES_PER_MINUTE:
+            return f"Sorry, too many messages in a short time. Please try again in {wait}."
+        return (
+            f"Sorry, today's usage limit is reached. Please try again in {wait} "
+            "(limits reset at 00:00 UTC)."
+        )
+
+
+class RateLimited(Exception):
+    """Raised inside the accepting transaction so that nothing of the message is stored."""
+
+    def __init__(self, refusal: Refusal) -> None:
+        super().__init__(refusal.limit)
+        self.refusal = refusal
+
+
+def describe_wait(seconds: int) -> str:
+    if seconds < 90:
+        return f"{seconds} second{'s' if seconds != 1 else ''}"
+    minutes = math.ceil(seconds / 60)
+    if minutes < 90:
+        return f"{minutes} minutes"
+    hours, rest = divmod(minutes, 60)
+    return f"{hours} h {rest} min"
+
+
+def key_subject(api_key_id: str) -> str:
+    return f"key:{api_key_id}"
+
+
+def user_subject(channel: str, user_id: str) -> str:
+    return f"user:{channel}:{user_id}"
+
+
+def subjects_for(*, api_key_id: str | None, channel: str, user_id: str | None) -> list[str]:
+    """Who a message counts against: its API key, or its platform user."""
+    subjects = []
+    if api_key_id:
+        subjects.append(key_subject(api_key_id))
+    if user_id and not api_key_id:
+        subjects.append(user_subject(channel, user_id))
+    return subjects
+
+
+def _insert(session: AsyncSession) -> Any:
+    """The dialect's INSERT, which knows ON CONFLICT (both backends support the same form)."""
+    return postgresql.insert if session.get_bind().dialect.name == "postgresql" else sqlite.insert
+
+
+class FairUse:
+    def __init__(self, settings: LimitSettings, clock: Clock = time.time) -> None:
+        self._defaults = Limits(settings.messages_per_minute, settings.tokens_per_day)
+        self._clock = clock
+
+    @property
+    def defaults(self) -> Limits:
+        return self._defaults
+
+    async def limits_for(self, session: AsyncSession, subject: str) -> Limits:
+        override = await session.get(LimitOverride, subject)
+        if override is None:
+            return self._defaults
+        return Limits(
+            override.messages_per_minute
+            if override.messages_per_minute is not None
+            else self._defaults.messages_per_minute,
+            override.tokens_per_day
+            if override.tokens_per_day is not None
+            else self._defaults.tokens_per_day,
+        )
+
+    async def admit(self, session: AsyncSession, subjects: list[str]) -> None:
+        """Count one message against every subject, or raise ``RateLimited``.
+
+        Call it inside the transaction that stores the message: a refusal raises
+        out of it, which rolls back the counts already taken for other subjects.
+        """
+        now = self._clock()
+        day = int(now // DAY_S) * DAY_S
+        minute = int(now // MINUTE_S) * MINUTE_S
+        for subject in subjects:
+            limits = await self.limits_for(session, subject)
+            if (
+                limits.tokens_per_day
+                and await self.tokens_used(session, subject, day) >= limits.tokens_per_day
+            ):
+                raise RateLimited(
+                    Refusal(subject, TOKENS_PER_DAY, max(1, math.ceil(day + DAY_S - now)))
+                )
+            if limits.messages_per_minute and not await self._take_message(
+                session, subject, minute, limits.messages_per_minute
+            ):
+                raise RateLimited(
+                    Refusal(
+                        subject, MESSAGES_PER_MINUTE, max(1, math.ceil(minute + MINUTE_S - now))
+                    )
+                )
+
+    async def _take_message(
+        self, session: AsyncSession, subject: str, minute: int, limit: int
+    ) -> bool:
+        insert = _insert(session)
+        statement = insert(UsageCounter).values(
+            subject=subject, metric=MESSAGES_PER_MINUTE, window_start=minute, value=1
+        )
+        statement = statement.on_conflict_do_update(
+            index_elements=[UsageCounter.subject, UsageCounter.metric],
+            set_={
+                "value": case(
+                    (UsageCounter.window_start == minute, UsageCounter.value + 1), else_=1
+                ),
+                "window_start": minute,
+            },
+            where=or_(UsageCounter.window_start != minute, UsageCounter.value < limit),
+        ).returning(UsageCounter.value)
+        return (await session.execute(statement)).scalar_one_or_none() is not None
+
+    async def tokens_used(self, session: AsyncSession, subject: str, day: int | None = None) -> int:
+        if day is None:
+            day = int(self._clock() // DAY_S) * DAY_S
+        row = (
+            await session.execute(
+                select(UsageCounter.window_start, UsageCounter.value).where(
+                    UsageCounter.subject == subject, UsageCounter.metric == TOKENS_PER_DAY
+                )
+            )
+        ).one_or_none()
+        return int(row.value) if row is not None and row.window_start == day else 0
+
+    async def charge(self, session: AsyncSession, subjects: list[str], tokens: int) -> None:
+        """Add a finished turn's tokens to each subject's day (atomic across workers)."""
+        if tokens <= 0:
+            return
+        day = int(self._clock() // DAY_S) * DAY_S
+        insert = _insert(session)
+        for subject in subjects:
+            statement = insert(UsageCounter).values(
+                subject=subject, metric=TOKENS_PER_DAY, window_start=day, value=tokens
+            )
+            statement = statement.on_conflict_do_update(
+                index_elements=[UsageCounter.subject, UsageCounter.metric],
+                set_={
+                    "value": case(
+                        (UsageCounter.window_start == day, UsageCounter.value + tokens),
+                        else_=tokens,
+                    ),
+                    "window_start": day,
+                },
+            )
+            await session.execute(statement)
+
+    async def charge_turn(self, session: AsyncSession, turn: Turn) -> None:
+        """Charge what the engine computed for ``turn``: uncached prompt + generated tokens."""
+        prompt = turn.prompt_tokens or 0
+        cached = min(turn.cached_tokens or 0, prompt)
+        tokens = prompt - cached + (turn.completion_tokens or 0)
+        subjects = subjects_for(
+            api_key_id=turn.api_key_id, channel=turn.channel, user_id=turn.user_id
+        )
+        await self.charge(session, subjects, tokens)
+
+
+async def set_override(
+    session: AsyncSession,
+    subject: str,
+    *,
+    messages_per_minute: int | None,
+    tokens_per_day: int | None,
+) -> LimitOverride:
+    override = await session.get(LimitOverride, subject)
+    if override is None:
+        override = LimitOverride(subject=subject)
+        session.add(override)
+    override.messages_per_minute = messages_per_minute
+    override.tokens_per_day = tokens_per_day
+    override.updated_at = utcnow()
+    await session.flush()
+    return override
+
+
+async def clear_override(session: AsyncSession, subject: str) -> bool:
+    override = await session.get(LimitOverride, subject)
+    if override is None:
+        return False
+    await session.delete(override)
+    return True
+
+
+async def list_overrides(session: AsyncSession) -> list[LimitOverride]:
+    return list(
+        (await session.scalars(select(LimitOverride).order_by(LimitOverride.subject))).all()
+    )
+
+
+def utc_day_start(now: float) -> dt.datetime:
+    return dt.datetime.fromtimestamp(int(now // DAY_S) * DAY_S, dt.UTC)

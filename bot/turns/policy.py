@@ -1,0 +1,64 @@
+"""What the turn runner applies beyond the core pipeline (issue 8), in one bundle.
+
+Each part is optional so the runner works without any of them: compaction of
+long conversations, per-tenant cache salts, fair-use accounting and coalescing
+of pending messages.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from bot.config import Settings
+from bot.engine.base import InferenceEngine
+from bot.storage.models import Conversation
+from bot.turns.chat_format import ChatFormat
+from bot.turns.compaction import Compactor
+from bot.turns.limits import FairUse
+from bot.turns.tenancy import CacheSalts
+
+
+@dataclass(frozen=True)
+class TurnPolicy:
+    compactor: Compactor | None = None
+    salts: CacheSalts | None = None
+    fair_use: FairUse | None = None
+    coalesce: bool = False
+
+    async def cache_salt(self, session: AsyncSession, conversation_id: str) -> str | None:
+        """The salt of the conversation's tenant (its owner), if tenants are isolated."""
+        if self.salts is None:
+            return None
+        owner = await session.scalar(
+            select(Conversation.owner).where(Conversation.id == conversation_id)
+        )
+        return self.salts.salt_for(owner) if owner is not None else None
+
+
+def build_policy(
+    settings: Settings,
+    *,
+    chat_format: ChatFormat,
+    engine: InferenceEngine,
+    sessions: async_sessionmaker[AsyncSession],
+    fair_use: FairUse | None,
+) -> TurnPolicy:
+    """The policy the configuration asks for (one per app)."""
+    compactor = None
+    if settings.compaction.enabled:
+        compactor = Compactor(
+            settings=settings.compaction,
+            chat_format=chat_format,
+            engine=engine,
+            generation=settings.generation,
+            sessions=sessions,
+        )
+    return TurnPolicy(
+        compactor=compactor,
+        salts=CacheSalts(settings.tenancy) if settings.tenancy.isolate_cache else None,
+        fair_use=fair_use,
+        coalesce=settings.chat.pending_messages == "coalesce",
+    )
