@@ -43,6 +43,7 @@ class Receiver:
     always_fail: int | None = None
     delay_s: float = 0.0
     in_flight: int = 0
+    accepted_one: asyncio.Event = field(default_factory=asyncio.Event)
     max_in_flight: int = 0
 
     @property
@@ -64,6 +65,8 @@ class Receiver:
             elif time.monotonic() < self.fail_until:
                 status = 503
             self.attempts.append(Callback(dict(request.headers), body, status))
+            if 200 <= status < 300:
+                self.accepted_one.set()
             return web.Response(status=status)
         finally:
             self.in_flight -= 1

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 import time
 from pathlib import Path
 from typing import Any
 
 from bot.channels.webhook.signing import verify
+from bot.engine.vllm_local import LocalVLLMEngine
 from bot.http.keys import TURNS
 from tests.conftest import MakeClient
 from tests.helpers import count_rows, load_turns
+from tests.web.engines import SlowEngine
 from tests.webhook.conftest import SECRET, Receiver, message, post_signed, webhook_settings
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "webhook.md"
@@ -213,3 +216,25 @@ async def test_the_documented_verification_snippet_accepts_our_callbacks(
         assert verify_callback(SECRET, callback.headers, callback.body)
         assert not verify_callback(SECRET, callback.headers, callback.body + b" ")
         assert not verify_callback("wrong-secret-wrong-secret", callback.headers, callback.body)
+
+
+async def test_a_stopped_turn_ends_with_an_error_callback_after_its_chunks(
+    sqlite_url: str, make_client: MakeClient, receiver: Receiver, engine: LocalVLLMEngine
+) -> None:
+    slow = SlowEngine(engine, 0.05)
+    client = await make_client(
+        sqlite_url,
+        engine_override=slow,
+        webhooks=webhook_settings(receiver),
+        generation={"max_tokens": 200},
+    )
+    body = await (await post_signed(client, message())).json()
+    await asyncio.wait_for(receiver.accepted_one.wait(), 20)  # streaming has begun
+    assert await client.app[TURNS].cancel_turn(body["turn_id"])
+    await _idle(client)
+
+    *chunks, last = receiver.delivered
+    assert chunks and {c["type"] for c in chunks} == {"chunk"}
+    assert last["type"] == "error" and last["error_class"] == "cancelled"
+    assert last["seq"] >= len(chunks)  # after every chunk (one cut off mid-POST may be missing)
+    assert [c["seq"] for c in chunks] == list(range(len(chunks)))
