@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 from bot.engine.base import GenerationChunk, GenerationRequest, InferenceEngine
 from bot.errors import EngineError, ErrorClass
@@ -28,6 +29,15 @@ class SlowEngine:
     async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
         async for chunk in self._engine.generate(request):
             await asyncio.sleep(self.pause_s)
+            if self.pause_s and len(chunk.text) > 1:
+                # On a busy machine vLLM merges the steps a slow reader has not taken yet,
+                # down to one chunk: split each text so a reader always sees it grow.
+                half = len(chunk.text) // 2
+                yield replace(
+                    chunk, text=chunk.text[:half], finished=False, finish_reason=None, timings=None
+                )
+                await asyncio.sleep(self.pause_s)
+                chunk = replace(chunk, token_ids=[], text=chunk.text[half:])
             yield chunk
 
     async def abort(self, request_id: str) -> None:

@@ -38,8 +38,9 @@ class Receiver:
     attempts: list[Callback] = field(default_factory=list)
     fail_statuses: list[int] = field(default_factory=list)
     """Answer these statuses to the next attempts, one each, before answering 200 again."""
-    fail_until: float = 0.0
-    """Answer 503 to every attempt until this ``time.monotonic()``."""
+    fail_for_s: float = 0.0
+    """Then answer 503 to every attempt until this long after the first attempt."""
+    first_attempt_at: float | None = None
     always_fail: int | None = None
     delay_s: float = 0.0
     in_flight: int = 0
@@ -58,11 +59,14 @@ class Receiver:
             if self.delay_s:
                 await asyncio.sleep(self.delay_s)
             status = 200
+            now = time.monotonic()
+            if self.first_attempt_at is None:
+                self.first_attempt_at = now
             if self.always_fail is not None:
                 status = self.always_fail
             elif self.fail_statuses:
                 status = self.fail_statuses.pop(0)
-            elif time.monotonic() < self.fail_until:
+            elif now < self.first_attempt_at + self.fail_for_s:
                 status = 503
             self.attempts.append(Callback(dict(request.headers), body, status))
             if 200 <= status < 300:
