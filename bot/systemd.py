@@ -13,7 +13,13 @@ from collections.abc import Mapping
 
 
 def notify(*lines: str, environ: Mapping[str, str] | None = None) -> bool:
-    """Send ``READY=1``, ``STOPPING=1``, ``WATCHDOG=1``, ``STATUS=...``; False outside systemd."""
+    """Send ``READY=1``, ``STOPPING=1``, ``WATCHDOG=1``, ``STATUS=...``.
+
+    False outside systemd, or when the message could not be sent at once.
+    Never blocks: it is called from the event loop, and a unix datagram send
+    to a receiver whose queue is full (``net.unix.max_dgram_qlen``, 10 by
+    default) would otherwise stall the whole service.
+    """
     env = os.environ if environ is None else environ
     address = env.get("NOTIFY_SOCKET")
     if not address:
@@ -21,8 +27,12 @@ def notify(*lines: str, environ: Mapping[str, str] | None = None) -> bool:
     if address.startswith("@"):  # abstract namespace socket
         address = "\0" + address[1:]
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
-        sock.connect(address)
-        sock.sendall("\n".join(lines).encode())
+        sock.setblocking(False)
+        try:
+            sock.connect(address)
+            sock.send("\n".join(lines).encode())
+        except OSError:  # full queue (BlockingIOError), socket gone, refused
+            return False
     return True
 
 

@@ -7,10 +7,11 @@ SIGTERM (``os.kill`` of our own pid, caught by the loop's signal handler).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import socket
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -26,27 +27,45 @@ from tests.helpers import auth, load_turns, read_sse
 from tests.ops.slow_engine import SlowEngine
 
 
+class NotifyListener:
+    """Stands in for systemd: reads $NOTIFY_SOCKET all along, as systemd does."""
+
+    def __init__(self, path: Path) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(str(path))
+        self.sock.setblocking(False)
+        self.messages: list[str] = []
+        self._task: asyncio.Task[None] | None = None
+
+    async def _read(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            self.messages.append((await loop.sock_recv(self.sock, 4096)).decode())
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._read())
+
+    async def close(self) -> None:
+        await asyncio.sleep(0.05)  # let the last datagrams in
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        self.sock.close()
+
+
 @pytest.fixture
-def notify_socket(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[socket.socket]:
-    """A datagram socket standing in for systemd's; the service finds it in $NOTIFY_SOCKET."""
+async def notify_listener(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[NotifyListener]:
     path = tmp_path / "notify.sock"
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    sock.bind(str(path))
-    sock.setblocking(False)
+    listener = NotifyListener(path)
+    listener.start()
     monkeypatch.setenv("NOTIFY_SOCKET", str(path))
     monkeypatch.setenv("WATCHDOG_USEC", "200000")  # 0.2 s: pings every 0.1 s
     monkeypatch.setenv("WATCHDOG_PID", str(os.getpid()))
-    yield sock
-    sock.close()
-
-
-def received(sock: socket.socket) -> list[str]:
-    messages = []
-    while True:
-        try:
-            messages.append(sock.recv(4096).decode())
-        except BlockingIOError:
-            return messages
+    yield listener
+    await listener.close()
 
 
 async def start_server(
@@ -73,7 +92,7 @@ async def test_sigterm_cancels_what_outlives_the_grace_period_and_exits_0(
     engine: Any,
     engine_settings: EngineSettings,
     chat_format: ChatFormat,
-    notify_socket: socket.socket,
+    notify_listener: NotifyListener,
 ) -> None:
     settings = make_settings(
         sqlite_url,
@@ -115,7 +134,8 @@ async def test_sigterm_cancels_what_outlives_the_grace_period_and_exits_0(
     drained = [line for line in logs if line["event"] == "drain_finished"]
     assert drained and drained[0]["cancelled"] == 1 and drained[0]["in_flight"] == 1
 
-    messages = received(notify_socket)
+    await notify_listener.close()
+    messages = notify_listener.messages
     assert messages[0].startswith("STATUS=starting")
     assert any(message.startswith("READY=1") for message in messages)
     assert "WATCHDOG=1" in messages

@@ -38,6 +38,21 @@ def test_notify_reaches_an_abstract_socket() -> None:
         assert server.recv(4096) == b"WATCHDOG=1"
 
 
+def test_notify_never_blocks_on_a_full_queue(tmp_path: Path) -> None:
+    # Regression: a blocking send to an unread socket froze the event loop.
+    path = tmp_path / "notify"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as server:
+        server.bind(str(path))
+        sent = [
+            systemd.notify("WATCHDOG=1", environ={"NOTIFY_SOCKET": str(path)}) for _ in range(2000)
+        ]
+        assert sent[0] is True and sent[-1] is False
+
+
+def test_notify_to_a_missing_socket_returns_false(tmp_path: Path) -> None:
+    assert systemd.notify("READY=1", environ={"NOTIFY_SOCKET": str(tmp_path / "gone")}) is False
+
+
 def test_watchdog_interval_is_half_the_timeout_and_only_for_this_pid() -> None:
     assert systemd.watchdog_interval_s({}) is None
     assert systemd.watchdog_interval_s({"WATCHDOG_USEC": "60000000"}) == 30.0
