@@ -241,15 +241,21 @@ class TurnClaims:
                     .limit(POLL_BATCH)
                 )
             ).all()
-        found: dict[str, None] = {}
+        seen: set[str] = set()
+        found: list[str] = []
         for conversation_id, status, owner, expires_at in rows:
+            # Oldest first, so the first row of a conversation is its head: only the
+            # head can be claimed, a free turn behind a busy head is not work yet.
+            if conversation_id in seen:
+                continue
+            seen.add(conversation_id)
             lease = LeaseState(owner, expires_at)
             if lease.held_by_other(self.worker_id, now):
                 continue
             if status == TurnStatus.RUNNING and owner == self.worker_id:
                 continue
-            found[conversation_id] = None
-        return list(found)
+            found.append(conversation_id)
+        return found
 
     async def recover(self) -> None:
         """At start-up: drop the leases no live process can hold any more.
