@@ -63,7 +63,7 @@ class DatabaseSettings(_Section):
 class EngineSettings(_Section):
     kind: Literal["local", "openai"] = "local"
     model: str = str(DEFAULT_DEMO_MODEL_DIR)
-    """Hugging Face model id or local folder. The default folder is built by ``botctl demo-model``."""
+    """Hugging Face model id or local folder (the default is built by ``botctl demo-model``)."""
     tokenizer: str | None = None
     dtype: str = "auto"
     max_model_len: int = Field(2048, gt=0)

@@ -71,8 +71,9 @@ class TurnStreams:
         stream = self._streams[turn_id]
         while True:
             async with stream.changed:
+                start = offset
                 await stream.changed.wait_for(
-                    lambda start=offset: stream.final is not None or len(stream.text) > start
+                    lambda: stream.final is not None or len(stream.text) > start  # noqa: B023
                 )
                 text, final = stream.text, stream.final
             if final is not None:

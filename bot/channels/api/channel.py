@@ -1,4 +1,7 @@
-"""The HTTP API as a channel: its readers follow the turn's stream (SSE), so the sink has nothing to send."""
+"""The HTTP API as a channel.
+
+Its readers follow the turn's stream (SSE), so the sink itself has nothing to send.
+"""
 
 from __future__ import annotations
 
