@@ -30,9 +30,9 @@ from bot.http.keys import (
 )
 from bot.storage.db import create_engine, create_sessionmaker
 from bot.turns.chat_format import ChatFormat, load_tokenizer
+from bot.turns.claims import build_claims
 from bot.turns.limits import FairUse
 from bot.turns.policy import build_policy
-from bot.turns.claims import build_claims
 from bot.turns.runner import TurnRunner
 from bot.turns.service import TurnService
 from bot.turns.streams import TurnStreams
@@ -81,8 +81,8 @@ async def create_app(
     app[ENGINE] = inference
     turns = TurnService(sessions, TurnStreams())
     app[TURNS] = turns
-    turns.fair_use = FairUse(settings.limits)
     turns.claims = build_claims(settings.workers, settings.database.url, sessions)
+    turns.fair_use = FairUse(settings.limits)
     http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30))
     app[HTTP_CLIENT] = http
     metrics = ops.setup(app)

@@ -169,5 +169,5 @@ def load_tokenizer(name_or_path: str) -> Tokenizer:
     """The model's tokenizer via transformers (local folder, or a cached Hugging Face id)."""
     from transformers import AutoTokenizer
 
-    tokenizer: Tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+    tokenizer: Tokenizer = AutoTokenizer.from_pretrained(name_or_path)  # type: ignore[assignment]
     return tokenizer

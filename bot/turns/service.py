@@ -14,6 +14,7 @@ import datetime as dt
 import json
 import time
 from dataclasses import dataclass
+from typing import Protocol
 
 import structlog
 from sqlalchemy.exc import IntegrityError
@@ -63,10 +64,10 @@ class TurnService:
         self._active: dict[str, tuple[str, asyncio.Task[None]]] = {}
         self._persist_ms: dict[str, float] = {}
         self._accepting = True
-        self.fair_use: FairUse | None = None
-        self._apologies: set[asyncio.Task[None]] = set()
         self.claims = TurnClaims(sessions)
         """Turn leases; the app replaces it with one configured for several workers."""
+        self.fair_use: FairUse | None = None
+        self._apologies: set[asyncio.Task[None]] = set()
 
     # -- wiring ------------------------------------------------------------------------
 
@@ -308,8 +309,7 @@ def _limit_subjects(message: InboundMessage) -> list[str]:
     )
 
 
-class TurnRunnerLike:
+class TurnRunnerLike(Protocol):
     """The runner as the service uses it (``bot.turns.runner.TurnRunner``)."""
 
-    async def run(self, turn_id: str, *, persist_ms: float | None = None) -> None:
-        raise NotImplementedError
+    async def run(self, turn_id: str, *, persist_ms: float | None = None) -> None: ...
