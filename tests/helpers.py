@@ -13,6 +13,20 @@ from bot.storage.db import create_engine, create_sessionmaker
 from bot.storage.models import Conversation, InboundEvent, Message, Turn
 from bot.storage.tokens import unpack_token_ids
 
+# The layers the issue names for the per-turn line, written out here on purpose:
+# checking against the code's own constant would prove nothing.
+SPEC_LAYERS = (
+    "ingress",
+    "auth",
+    "persist",
+    "history",
+    "tokenize",
+    "queue",
+    "prefill",
+    "decode",
+    "deliver",
+)
+
 
 @dataclass(frozen=True)
 class SseEvent:

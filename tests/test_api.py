@@ -12,7 +12,15 @@ import pytest
 from bot.http.keys import TURNS
 from bot.storage.queries import as_utc
 from tests.conftest import MakeClient, issue_key
-from tests.helpers import auth, count_rows, load_messages, load_turns, read_sse, reply_text
+from tests.helpers import (
+    SPEC_LAYERS,
+    auth,
+    count_rows,
+    load_messages,
+    load_turns,
+    read_sse,
+    reply_text,
+)
 
 
 def message(conversation: str, message_id: str, text: str = "Hello there!") -> dict[str, str]:
@@ -37,17 +45,7 @@ async def test_post_acknowledges_then_streams(db_url: str, make_client: MakeClie
     assert done["text"] == reply_text(events) != ""
     assert done["usage"]["prompt_tokens"] > 0
     assert done["usage"]["completion_tokens"] > 0
-    for layer in (
-        "ingress",
-        "auth",
-        "persist",
-        "history",
-        "tokenize",
-        "queue",
-        "prefill",
-        "decode",
-        "deliver",
-    ):
+    for layer in SPEC_LAYERS:
         assert layer in done["timings_ms"]
     assert done["timings_ms"]["ttft"] > 0
     assert done["timings_ms"]["e2e"] >= done["timings_ms"]["ttft"]

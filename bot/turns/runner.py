@@ -91,11 +91,15 @@ class TurnRunner:
         if persist_ms is not None:
             clock.layer_ms["persist"] = persist_ms
         received_at = as_utc(turn.created_at).timestamp()
-        ingress_side = clock.layer_ms["ingress"] + clock.layer_ms["auth"] + clock.layer_ms["persist"]
+        ingress_side = (
+            clock.layer_ms["ingress"] + clock.layer_ms["auth"] + clock.layer_ms["persist"]
+        )
         started_at = as_utc(turn.started_at or utcnow()).timestamp()
         clock.layer_ms["wait"] = max(0.0, (started_at - received_at) * 1000 - ingress_side)
 
-        structlog.contextvars.bind_contextvars(turn_id=turn.id, conversation_id=turn.conversation_id)
+        structlog.contextvars.bind_contextvars(
+            turn_id=turn.id, conversation_id=turn.conversation_id
+        )
         self._streams.open(turn.id)
         sink = self._open_reply(
             TurnAddress(turn.id, turn.conversation_id, turn.channel, dict(turn.reply_to))
@@ -107,13 +111,23 @@ class TurnRunner:
             current = asyncio.current_task()
             if current is not None:
                 current.uncancel()
-            await self._fail(turn, sink, clock, progress, received_at, ErrorClass.CANCELLED, "cancelled")
+            await self._fail(
+                turn, sink, clock, progress, received_at, ErrorClass.CANCELLED, "cancelled"
+            )
         except BotError as exc:
-            await self._fail(turn, sink, clock, progress, received_at, exc.error_class, exc.message, exc.hint)
+            await self._fail(
+                turn, sink, clock, progress, received_at, exc.error_class, exc.message, exc.hint
+            )
         except Exception as exc:
             log.exception("turn_crashed")
             await self._fail(
-                turn, sink, clock, progress, received_at, ErrorClass.INTERNAL, f"{type(exc).__name__}: {exc}"
+                turn,
+                sink,
+                clock,
+                progress,
+                received_at,
+                ErrorClass.INTERNAL,
+                f"{type(exc).__name__}: {exc}",
             )
         else:
             await self._succeed(turn, clock, progress, received_at)
@@ -179,7 +193,9 @@ class TurnRunner:
             if chunk.finished:
                 final = chunk
         if final is None:
-            raise BotError(ErrorClass.UPSTREAM_PROTOCOL, "the engine stream ended without a final chunk")
+            raise BotError(
+                ErrorClass.UPSTREAM_PROTOCOL, "the engine stream ended without a final chunk"
+            )
         progress.finish_reason = final.finish_reason
         if final.timings is not None:
             clock.add("queue", final.timings.queue_ms)
@@ -241,7 +257,9 @@ class TurnRunner:
             "completion_tokens": len(progress.generated),
         }
 
-    def _timings(self, clock: LayerClock, progress: _Progress, received_at: float) -> dict[str, Any]:
+    def _timings(
+        self, clock: LayerClock, progress: _Progress, received_at: float
+    ) -> dict[str, Any]:
         now = time.time()
         ttft = (progress.first_token_at - received_at) * 1000 if progress.first_token_at else None
         return {
@@ -267,7 +285,11 @@ class TurnRunner:
             row.cached_tokens = progress.cached_tokens
             row.completion_tokens = len(progress.generated)
             row.finish_reason = progress.finish_reason
-            row.layer_ms = {**timings["layer_ms"], "ttft": timings["ttft_ms"], "e2e": timings["e2e_ms"]}
+            row.layer_ms = {
+                **timings["layer_ms"],
+                "ttft": timings["ttft_ms"],
+                "e2e": timings["e2e_ms"],
+            }
             row.finished_at = dt.datetime.now(dt.UTC)
             row.compaction_id = progress.compaction_id
             for name, value in fields.items():
@@ -289,7 +311,11 @@ class TurnRunner:
                 "text": progress.text,
                 "usage": usage,
                 "finish_reason": progress.finish_reason,
-                "timings_ms": {**timings["layer_ms"], "ttft": timings["ttft_ms"], "e2e": timings["e2e_ms"]},
+                "timings_ms": {
+                    **timings["layer_ms"],
+                    "ttft": timings["ttft_ms"],
+                    "e2e": timings["e2e_ms"],
+                },
                 **self._policy_fields(progress),
             },
         )

@@ -232,7 +232,9 @@ class TurnService:
         try:
             while True:
                 self._dirty.discard(conversation_id)
-                while True:
+                # Draining (SIGTERM): start nothing new; queued turns stay queued
+                # for the next start instead of being begun and then cancelled.
+                while self._accepting:
                     # The head turn, leased to this worker; None when it runs elsewhere.
                     turn = await self.claims.claim_next(conversation_id)
                     if turn is None:
@@ -248,7 +250,7 @@ class TurnService:
                         self._active.pop(conversation_id, None)
                 # No await between this check and the removal: a concurrent
                 # schedule() either saw this worker or will start a new one.
-                if conversation_id not in self._dirty:
+                if conversation_id not in self._dirty or not self._accepting:
                     return
         finally:
             self._workers.pop(conversation_id, None)
@@ -271,7 +273,7 @@ class TurnService:
     def in_flight(self) -> int:
         return len(self._active)
 
-    async def wait_idle(self, timeout: float | None = None) -> None:
+    async def wait_idle(self, timeout: float | None = None) -> None:  # noqa: ASYNC109
         """Wait until every scheduled turn has finished (tests, graceful shutdown)."""
         async with asyncio.timeout(timeout):
             while self._workers:
