@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
+import os
 import statistics
 import tempfile
 import time
@@ -149,7 +150,7 @@ async def direct(engine: LocalVLLMEngine, prompts: list[list[int]], max_tokens: 
 
 async def main(args: argparse.Namespace) -> None:
     # Per-turn log lines to a terminal would cost the service time the engine does not pay.
-    configure_logging("WARNING", "json")
+    configure_logging(os.environ.get("BENCH_LOG_LEVEL", "WARNING"), "json")
     workdir = Path(tempfile.mkdtemp(prefix="bench-turns-"))
     model = build_demo_model(Path(args.model_dir))
     db_url = f"sqlite+aiosqlite:///{workdir / 'bench.db'}"
@@ -160,6 +161,8 @@ async def main(args: argparse.Namespace) -> None:
         engine={"model": str(model), "dtype": "float32", "max_model_len": 4096, "block_size": 32},
         generation={"max_tokens": args.max_tokens, "temperature": 0.0, "top_p": 1.0},
         logging={"level": "WARNING"},
+        # The benchmark is one key sending many messages: fair use would throttle it.
+        limits={"messages_per_minute": 0, "tokens_per_day": 0},
     )
     engine = LocalVLLMEngine(settings.engine)
     await engine.start()
