@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from bot.config import ConfigError, load_settings
+from bot.config import ConfigError, Settings, load_settings
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "config.example.toml"
 
@@ -65,3 +65,26 @@ def test_secrets_are_not_printed(tmp_path: Path) -> None:
     settings = load_settings(path)
     assert "SECRET-TOKEN" not in repr(settings)
     assert settings.telegram[0].token.get_secret_value() == "123:SECRET-TOKEN"
+
+
+def test_example_channel_tables_are_valid_when_uncommented() -> None:
+    """The commented [[telegram]], [[slack]] and [[webhooks]] examples name real keys."""
+    lines, in_table = [], False
+    for line in EXAMPLE.read_text().splitlines():
+        if line.startswith("# [["):
+            in_table = True
+        elif not line.startswith("# "):
+            in_table = False
+        if in_table:
+            line = line[2:].replace('"..."', '"0123456789abcdef0123"')
+        lines.append(line)
+    settings = load_settings_from_text("\n".join(lines))
+    assert [bot.name for bot in settings.telegram] == ["support"]
+    assert [app.name for app in settings.slack] == ["acme"]
+    assert [hook.name for hook in settings.webhooks] == ["crm"]
+
+
+def load_settings_from_text(text: str) -> Settings:
+    import tomllib
+
+    return Settings(**tomllib.loads(text))
