@@ -13,6 +13,7 @@ import asyncio
 import datetime as dt
 import json
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -29,6 +30,8 @@ from bot.turns.limits import FairUse, RateLimited, Refusal, subjects_for
 from bot.turns.streams import TurnStreams
 
 log = structlog.get_logger(__name__)
+
+PERSIST_TIMINGS_KEPT = 10_000
 
 
 @dataclass(frozen=True)
@@ -62,7 +65,10 @@ class TurnService:
         self._workers: dict[str, asyncio.Task[None]] = {}
         self._dirty: set[str] = set()
         self._active: dict[str, tuple[str, asyncio.Task[None]]] = {}
-        self._persist_ms: dict[str, float] = {}
+        # Persist time of accepted turns, handed to the runner when the turn starts.
+        # Bounded: turns that never start here (coalesced, run by another worker)
+        # would otherwise stay in it for ever.
+        self._persist_ms: OrderedDict[str, float] = OrderedDict()
         self._accepting = True
         self.claims = TurnClaims(sessions)
         """Turn leases; the app replaces it with one configured for several workers."""
@@ -136,6 +142,8 @@ class TurnService:
                 raise
             return existing
         self._persist_ms[turn.id] = (time.perf_counter() - started) * 1000
+        while len(self._persist_ms) > PERSIST_TIMINGS_KEPT:
+            self._persist_ms.popitem(last=False)
         if self.claims.exclusive:
             # With several workers another one may run it: the runner opens the stream there.
             self.streams.open(turn.id)
