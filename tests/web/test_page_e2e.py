@@ -45,7 +45,9 @@ async def test_sign_in_chat_stream_timing_reload(
     browser: Browser,
     artifacts: Path,
 ) -> None:
-    client = await make_client(sqlite_url, engine_override=SlowEngine(engine, 0.03))
+    # 80 ms between steps: on a loaded 2-core machine 30 ms was not always enough for the
+    # browser to paint two partial states of a short reply.
+    client = await make_client(sqlite_url, engine_override=SlowEngine(engine, 0.08))
     key = await issue_key(sqlite_url, "web-user")
     context = await browser.new_context(viewport={"width": 1000, "height": 800})
     page = await context.new_page()
