@@ -24,6 +24,17 @@ def _on_sqlite_connect(dbapi_connection: Any, _record: Any) -> None:
     cursor.execute("PRAGMA foreign_keys=ON")
     cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
     cursor.close()
+    # Let SQLAlchemy's "begin" event issue BEGIN itself (below) instead of the driver.
+    dbapi_connection.isolation_level = None
+
+
+def _on_sqlite_begin(connection: Any) -> None:
+    # A deferred transaction that reads and then writes cannot wait for the write lock:
+    # if another connection committed meanwhile, SQLite fails it at once with "database
+    # is locked" (the busy timeout does not apply). Taking the lock at BEGIN makes every
+    # transaction queue on busy_timeout instead. That serialises sessions, reads included;
+    # SQLite is the single-process default and our transactions are short.
+    connection.exec_driver_sql("BEGIN IMMEDIATE")
 
 
 def is_sqlite(url: str) -> bool:
@@ -38,6 +49,7 @@ def create_engine(url: str, *, echo: bool = False) -> AsyncEngine:
             Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
         engine = create_async_engine(url, echo=echo)
         event.listen(engine.sync_engine, "connect", _on_sqlite_connect)
+        event.listen(engine.sync_engine, "begin", _on_sqlite_begin)
         return engine
     return create_async_engine(url, echo=echo, pool_pre_ping=True)
 
