@@ -50,6 +50,8 @@ class _Progress:
     covered: list[Turn] = field(default_factory=list)
     """Queued turns this one answers too (coalescing)."""
     compaction_id: str | None = None
+    history_entries: list[Message] = field(default_factory=list)
+    """User and assistant entries, stored with the final status of a done turn."""
 
 
 class TurnRunner:
@@ -206,29 +208,27 @@ class TurnRunner:
         with clock.measure("deliver"):
             await sink.finish(progress.text)
 
-        # The reply is out: append both entries to the token-exact history.
-        with clock.measure("history"):
-            async with self._sessions() as session, session.begin():
-                session.add_all(
-                    [
-                        Message(
-                            conversation_id=turn.conversation_id,
-                            seq=history.next_seq,
-                            role="user",
-                            text=user.content,
-                            token_ids=pack_token_ids(user.token_ids),
-                            turn_id=turn.id,
-                        ),
-                        Message(
-                            conversation_id=turn.conversation_id,
-                            seq=history.next_seq + 1,
-                            role="assistant",
-                            text=progress.text,
-                            token_ids=pack_token_ids(progress.generated),
-                            turn_id=turn.id,
-                        ),
-                    ]
-                )
+        # The reply is out: both entries join the token-exact history in the same
+        # locked transaction as the final status (``_store_end``), so a turn another
+        # worker has taken over meanwhile adds nothing to the history.
+        progress.history_entries = [
+            Message(
+                conversation_id=turn.conversation_id,
+                seq=history.next_seq,
+                role="user",
+                text=user.content,
+                token_ids=pack_token_ids(user.token_ids),
+                turn_id=turn.id,
+            ),
+            Message(
+                conversation_id=turn.conversation_id,
+                seq=history.next_seq + 1,
+                role="assistant",
+                text=progress.text,
+                token_ids=pack_token_ids(progress.generated),
+                turn_id=turn.id,
+            ),
+        ]
 
     def _user_turn(self, history: History, content: str) -> UserTurn:
         if history.ends_with_base:
@@ -294,6 +294,8 @@ class TurnRunner:
             row.compaction_id = progress.compaction_id
             for name, value in fields.items():
                 setattr(row, name, value)
+            if status == TurnStatus.DONE:
+                session.add_all(progress.history_entries)
             if self.policy.fair_use is not None:
                 await self.policy.fair_use.charge_turn(session, row)
 
