@@ -47,7 +47,7 @@ async def test_keys_create_list_revoke_rotate(db_url: str, make_client: MakeClie
     assert await status_with(client, key) == 404  # authenticated: the turn just does not exist
 
     [record] = await stored_keys(db_url)
-    assert key not in (record.secret_hash, record.prefix) and key.split("_")[2] not in str(
+    assert key not in (record.secret_hash, record.prefix) and key.split("_", 2)[2] not in str(
         vars(record)
     )
     assert record.expires_at is not None

@@ -88,7 +88,14 @@ async def test_each_conversation_sticks_to_its_rendezvous_replica(
 ) -> None:
     by_url = {server.base_url: server for server in vllm_servers}
     before = {url: server.metric("vllm:request_success_total") for url, server in by_url.items()}
-    keys = [f"affinity-{i}" for i in range(6)]
+    # Ports are random, so which replica owns a key is too: take three keys each replica owns.
+    owned: dict[str, list[str]] = {url: [] for url in by_url}
+    for i in range(1000):
+        key = f"affinity-{i}"
+        owner = rendezvous_order(key, list(by_url))[0]
+        if len(owned[owner]) < 3:
+            owned[owner].append(key)
+    keys = [key for url_keys in owned.values() for key in url_keys]
     expected = {url: 0 for url in by_url}
     for key in keys:
         expected[rendezvous_order(key, list(by_url))[0]] += 3
