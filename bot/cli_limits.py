@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 
 import click
 from sqlalchemy import or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from bot.cli_common import db_session
 from bot.config import Settings, load_settings
 from bot.storage.models import ApiKey, LimitOverride
 from bot.turns.limits import (
@@ -36,18 +35,6 @@ def _settings() -> Settings:
     root = click.get_current_context().find_root().obj
     settings = getattr(root, "settings", None)
     return settings if isinstance(settings, Settings) else load_settings(None)
-
-
-@asynccontextmanager
-async def _session(settings: Settings) -> AsyncIterator[AsyncSession]:
-    from bot.storage.db import create_engine, create_sessionmaker
-
-    engine = create_engine(settings.database.url)
-    try:
-        async with create_sessionmaker(engine)() as session, session.begin():
-            yield session
-    finally:
-        await engine.dispose()
 
 
 async def _subject(session: AsyncSession, key: str | None, user: str | None) -> str:
@@ -128,7 +115,7 @@ def limits_set(
     settings = _settings()
 
     async def run() -> str:
-        async with _session(settings) as session:
+        async with db_session(settings) as session:
             subject = await _subject(session, key, user)
             existing = await session.get(LimitOverride, subject)
 
@@ -158,7 +145,7 @@ def limits_clear(key: str | None, user: str | None) -> None:
     settings = _settings()
 
     async def run() -> tuple[str, bool]:
-        async with _session(settings) as session:
+        async with db_session(settings) as session:
             subject = await _subject(session, key, user)
             return subject, await clear_override(session, subject)
 
@@ -179,7 +166,7 @@ def limits_show(key: str | None, user: str | None) -> None:
             f"default  messages_per_minute={fair_use.defaults.messages_per_minute}  "
             f"tokens_per_day={fair_use.defaults.tokens_per_day}  (0 = no limit)"
         ]
-        async with _session(settings) as session:
+        async with db_session(settings) as session:
             if key is not None or user is not None:
                 subjects = [await _subject(session, key, user)]
             else:

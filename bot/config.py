@@ -11,10 +11,18 @@ from __future__ import annotations
 
 import os
 import tomllib
+from collections import Counter
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+)
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from bot.channels.slack.settings import SlackAppSettings
@@ -148,6 +156,16 @@ class Settings(BaseSettings):
     telegram: list[TelegramBotSettings] = Field(default_factory=list)
     slack: list[SlackAppSettings] = Field(default_factory=list)
     webhooks: list[WebhookSettings] = Field(default_factory=list)
+
+    @field_validator("telegram", "slack", "webhooks")
+    @classmethod
+    def _names_unique(cls, tables: list[Any]) -> list[Any]:
+        # Names are URL segments and channel ids: two tables with one name would collide.
+        counts = Counter(table.name for table in tables)
+        repeated = sorted(name for name, count in counts.items() if count > 1)
+        if repeated:
+            raise ValueError(f"names must be unique; repeated: {', '.join(repeated)}")
+        return tables
 
     @classmethod
     def settings_customise_sources(

@@ -33,6 +33,10 @@ def test_environment_overrides_the_file(tmp_path: Path, monkeypatch: pytest.Monk
         ('[server]\nport = "eighty"\n', "server.port"),
         ("[generation]\ntemperture = 0.5\n", "generation.temperture"),
         ('[[telegram]]\nname = "x"\n', "telegram.0.token"),
+        (
+            '[[telegram]]\nname = "x"\ntoken = "1:a"\n[[telegram]]\nname = "x"\ntoken = "2:b"\n',
+            "telegram: Value error, names must be unique",
+        ),
     ],
 )
 def test_bad_values_name_the_key(tmp_path: Path, document: str, bad_key: str) -> None:

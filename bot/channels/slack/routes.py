@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections import Counter
 
 import aiohttp
 import structlog
@@ -166,10 +165,6 @@ def setup(
 ) -> None:
     if not settings.slack:
         return
-    names = Counter(app_settings.name for app_settings in settings.slack)
-    repeated = sorted(name for name, count in names.items() if count > 1)
-    if repeated:
-        raise ValueError(f"[[slack]] names must be unique; repeated: {', '.join(repeated)}")
     channels = [SlackChannel(app_settings, http) for app_settings in settings.slack]
     for channel in channels:
         turns.register_channel(channel)

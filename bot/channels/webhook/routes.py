@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections import Counter
 
 import aiohttp
 import structlog
@@ -135,10 +134,6 @@ def setup(
 ) -> None:
     if not settings.webhooks:
         return
-    names = Counter(webhook.name for webhook in settings.webhooks)
-    repeated = sorted(name for name, count in names.items() if count > 1)
-    if repeated:
-        raise ValueError(f"[[webhooks]] names must be unique; repeated: {', '.join(repeated)}")
     channels = [WebhookChannel(webhook, http) for webhook in settings.webhooks]
     for channel in channels:
         turns.register_channel(channel)
