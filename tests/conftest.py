@@ -14,6 +14,7 @@ import asyncio
 import os
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -115,6 +116,13 @@ async def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterato
         await migrate(url)
         yield url
         return
+    async with migrated_postgres_database() as url:
+        yield url
+
+
+@asynccontextmanager
+async def migrated_postgres_database() -> AsyncIterator[str]:
+    """A fresh PostgreSQL database migrated to head, dropped afterwards."""
     name = await _create_postgres_database()
     try:
         url = postgres_url(name)

@@ -28,13 +28,7 @@ from sqlalchemy import select
 
 from bot.storage.db import create_engine, create_sessionmaker
 from bot.storage.models import Message, Turn, TurnStatus
-from tests.conftest import (
-    _create_postgres_database,
-    _drop_postgres_database,
-    issue_key,
-    migrate,
-    postgres_url,
-)
+from tests.conftest import issue_key, migrate, migrated_postgres_database
 from tests.helpers import auth
 from tests.vllm_servers import API_KEY, SERVED_MODEL_NAME, VLLMServer, free_port
 
@@ -118,13 +112,8 @@ async def wait_healthy(worker: Worker, timeout_s: float = 90.0) -> None:
 
 @pytest.fixture
 async def pg_url() -> AsyncIterator[str]:
-    name = await _create_postgres_database()
-    try:
-        url = postgres_url(name)
-        await migrate(url)
+    async with migrated_postgres_database() as url:
         yield url
-    finally:
-        await _drop_postgres_database(name)
 
 
 @pytest.fixture
