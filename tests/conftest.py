@@ -26,7 +26,7 @@ from bot.apikeys import create_key
 from bot.config import EngineSettings, Settings, load_settings
 from bot.demo_model import build_demo_model
 from bot.engine.vllm_local import LocalVLLMEngine
-from bot.storage.db import create_engine, create_sessionmaker
+from bot.storage.db import create_engine, create_sessionmaker, is_sqlite
 from bot.storage.migrate import upgrade
 from bot.turns.chat_format import ChatFormat, load_tokenizer
 
@@ -172,15 +172,22 @@ async def make_client(
     from bot.http.app import create_app
 
     clients: list[TestClient[Any, Any]] = []
+    serving_sqlite: dict[str, TestClient[Any, Any]] = {}
 
     async def factory(
         db_url: str, *, engine_override: Any = None, **sections: Any
     ) -> TestClient[Any, Any]:
+        if is_sqlite(db_url) and db_url in serving_sqlite:
+            # One server per SQLite file, as `botctl serve` enforces with its lock file:
+            # two live apps would each poll for queued turns and run the other's.
+            await serving_sqlite.pop(db_url).close()
         settings = make_settings(db_url, engine_settings, **sections)
         app = await create_app(settings, engine=engine_override or engine, chat_format=chat_format)
         client: TestClient[Any, Any] = TestClient(TestServer(app, host="127.0.0.1"))
         await client.start_server()
         clients.append(client)
+        if is_sqlite(db_url):
+            serving_sqlite[db_url] = client
         return client
 
     yield factory

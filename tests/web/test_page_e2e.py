@@ -122,7 +122,6 @@ async def test_errors_are_shown_with_their_class_and_a_hint(
     sqlite_url: str, make_client: MakeClient, browser: Browser, artifacts: Path
 ) -> None:
     client = await make_client(sqlite_url, server={"max_text_chars": 100})
-    down = await make_client(sqlite_url, engine_override=DownEngine())
     key = await issue_key(sqlite_url)
     context = await browser.new_context()
     page = await context.new_page()
@@ -149,7 +148,9 @@ async def test_errors_are_shown_with_their_class_and_a_hint(
     await expect(failed).to_contain_text("the limit is 100")
     await expect(failed).to_contain_text("Shorten")
 
-    # The engine is down (same database and key; another app, so another origin).
+    # The engine is down (same database and key; another app, so another origin). It
+    # replaces the first app: one server per SQLite file, or both would run its turns.
+    down = await make_client(sqlite_url, engine_override=DownEngine())
     await page.goto(base_url(down) + f"#key={key}")
     await send(page, "Anyone there?")
     await expect(failed.last).to_contain_text("engine_unavailable", timeout=10_000)
