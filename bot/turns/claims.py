@@ -55,6 +55,13 @@ OPEN_STATUSES = (TurnStatus.QUEUED, TurnStatus.RUNNING)
 INTERRUPTED_APOLOGY = "Sorry, I was restarted while answering. Please ask again."
 POLL_BATCH = 200
 CLAIM_RETRIES = 3
+FRESH_TURN_GRACE = dt.timedelta(seconds=2)
+"""How long other workers' pollers leave a new, unleased turn to the worker that accepted it.
+
+That worker schedules the turn the moment it is stored and streams its reply
+to the reader it holds (SSE) as it is generated; a reader on one worker
+following a turn run by another only sees the reply whole, at the end.
+"""
 
 
 def default_worker_id() -> str:
@@ -234,7 +241,11 @@ class TurnClaims:
             rows = (
                 await session.execute(
                     select(
-                        Turn.conversation_id, Turn.status, Turn.lease_owner, Turn.lease_expires_at
+                        Turn.conversation_id,
+                        Turn.status,
+                        Turn.lease_owner,
+                        Turn.lease_expires_at,
+                        Turn.created_at,
                     )
                     .where(Turn.status.in_(OPEN_STATUSES))
                     .order_by(Turn.created_at)
@@ -243,7 +254,7 @@ class TurnClaims:
             ).all()
         seen: set[str] = set()
         found: list[str] = []
-        for conversation_id, status, owner, expires_at in rows:
+        for conversation_id, status, owner, expires_at, created_at in rows:
             # Oldest first, so the first row of a conversation is its head: only the
             # head can be claimed, a free turn behind a busy head is not work yet.
             if conversation_id in seen:
@@ -254,8 +265,18 @@ class TurnClaims:
                 continue
             if status == TurnStatus.RUNNING and owner == self.worker_id:
                 continue
+            if self._left_to_acceptor(status, owner, created_at, now):
+                continue
             found.append(conversation_id)
         return found
+
+    def _left_to_acceptor(
+        self, status: str, owner: str | None, created_at: dt.datetime, now: dt.datetime
+    ) -> bool:
+        """A fresh queued turn nobody has claimed yet: its accepting worker is about to."""
+        if self.exclusive or status != TurnStatus.QUEUED or owner is not None:
+            return False
+        return as_utc(created_at) > now - FRESH_TURN_GRACE
 
     async def recover(self) -> None:
         """At start-up: drop the leases no live process can hold any more.
