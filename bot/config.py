@@ -53,7 +53,7 @@ class ServerSettings(_Section):
     max_body_bytes: int = Field(DEFAULT_MAX_BODY_BYTES, gt=0)
     """Requests with a larger body are refused with 413 before they are read."""
     max_text_chars: int = Field(DEFAULT_MAX_TEXT_CHARS, gt=0)
-    """A message with more characters is refused with 400 and never stored."""
+    """A longer message is never stored: 400 over HTTP, a notice on Telegram and Slack."""
     shutdown_grace_s: float = Field(30.0, ge=0)
     public_url: str | None = None
     """Public HTTPS base URL platforms reach this service at; ``botctl doctor`` checks webhooks."""

@@ -43,6 +43,14 @@ class InboundMessage:
     """The API key that sent it (HTTP API): fair-use limits count per key, else per user."""
 
 
+def too_long_notice(length: int, limit: int) -> str:
+    """What a chat user is told when their message is over ``server.max_text_chars``."""
+    return (
+        f"Sorry, your message is too long for me ({length:,} characters; "
+        f"the limit is {limit:,}). Please shorten it."
+    )
+
+
 @dataclass(frozen=True)
 class TurnAddress:
     """What a channel is told when it opens a reply sink for a turn."""

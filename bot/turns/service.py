@@ -32,6 +32,7 @@ from bot.turns.streams import TurnStreams
 log = structlog.get_logger(__name__)
 
 PERSIST_TIMINGS_KEPT = 10_000
+DECLINED_KEPT = 10_000
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,9 @@ class TurnService:
         """Turn leases; the app replaces it with one configured for several workers."""
         self.fair_use: FairUse | None = None
         self._apologies: set[asyncio.Task[None]] = set()
+        # Deliveries answered with an apology instead of a turn: a platform's redelivery
+        # of one of them (nothing was stored to deduplicate it by) is not answered again.
+        self._declined: OrderedDict[tuple[str, str], None] = OrderedDict()
 
     # -- wiring ------------------------------------------------------------------------
 
@@ -159,16 +163,32 @@ class TurnService:
             limit=refusal.limit,
             retry_after_s=refusal.retry_after_s,
         )
-        task = asyncio.create_task(self._apologise(message, refusal))
-        self._apologies.add(task)
-        task.add_done_callback(self._apologies.discard)
+        self.decline(message, ErrorClass.RATE_LIMITED, refusal.user_message)
         return Accepted("", "", duplicate=False, rate_limited=refusal)
 
-    async def _apologise(self, message: InboundMessage, refusal: Refusal) -> None:
-        # Chat platforms hear it from the bot; the HTTP API's sink is silent (it answers 429).
+    def decline(self, message: InboundMessage, error_class: ErrorClass, user_message: str) -> None:
+        """Tell the sender why their message gets no reply (too long, over a limit); store nothing.
+
+        Chat platforms hear it from the bot, in the background; the HTTP API's sink
+        is silent (its client already has the 400 or 429). Once per delivery.
+        """
+        delivery = (message.channel, message.event_id)
+        if delivery in self._declined:
+            log.info("duplicate_delivery", channel=message.channel, event_id=message.event_id)
+            return
+        self._declined[delivery] = None
+        while len(self._declined) > DECLINED_KEPT:
+            self._declined.popitem(last=False)
+        task = asyncio.create_task(self._apologise(message, error_class, user_message))
+        self._apologies.add(task)
+        task.add_done_callback(self._apologies.discard)
+
+    async def _apologise(
+        self, message: InboundMessage, error_class: ErrorClass, user_message: str
+    ) -> None:
         try:
             address = TurnAddress("", "", message.channel, dict(message.reply_to))
-            await self.open_reply(address).fail(ErrorClass.RATE_LIMITED, refusal.user_message)
+            await self.open_reply(address).fail(error_class, user_message)
         except Exception as exc:
             log.warning("apology_not_delivered", error=f"{type(exc).__name__}: {exc}")
 
@@ -284,8 +304,9 @@ class TurnService:
     async def wait_idle(self, timeout: float | None = None) -> None:  # noqa: ASYNC109
         """Wait until every scheduled turn has finished (tests, graceful shutdown)."""
         async with asyncio.timeout(timeout):
-            while self._workers:
-                await asyncio.gather(*list(self._workers.values()), return_exceptions=True)
+            while self._workers or self._apologies:
+                pending = [*self._workers.values(), *self._apologies]
+                await asyncio.gather(*pending, return_exceptions=True)
 
     async def shutdown(self, grace_s: float) -> int:
         """Stop scheduling; let running turns finish within ``grace_s``, cancel the rest.
@@ -294,6 +315,8 @@ class TurnService:
         and are resumed by the next start (``recover``).
         """
         self._accepting = False
+        if self._apologies:
+            await asyncio.wait(self._apologies, timeout=grace_s)
         workers = list(self._workers.values())
         if not workers:
             await self.claims.close()

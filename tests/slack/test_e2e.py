@@ -410,3 +410,50 @@ async def test_each_app_answers_its_own_events_with_its_own_token(
     [turn] = await turns_in(sqlite_url)
     assert (turn.channel, turn.status) == ("slack:second", "done")
     assert {c.team_id for c in slack_api.calls} == {"T0002OTHER"}
+
+
+# -- messages we decline -----------------------------------------------------------------
+
+
+async def test_a_message_over_the_length_limit_is_declined_once_in_its_thread(
+    slack_api: FakeSlackApi, make_client: MakeClient, sqlite_url: str
+) -> None:
+    client = await make_client(
+        sqlite_url, slack=slack_section(slack_api.base_url), server={"max_text_chars": 100}
+    )
+    body = mention("Ev0900LONG", THREAD)
+    body["event"]["text"] = "<@UBOT0001> " + "x" * 150
+    for retry in (None, 1):  # Slack's retry of the same event: one notice
+        status, _, _ = await post_event(client, body, retry_num=retry)
+        assert status == 200
+    await idle(client)
+
+    assert await turns_in(sqlite_url) == []
+    assert await events_in(sqlite_url) == 0
+    # Apologies are posted in italics.
+    assert slack_api.thread_text(CHANNEL, THREAD) == [
+        "_Sorry, your message is too long for me (150 characters; the limit is 100). "
+        "Please shorten it._"
+    ]
+
+
+async def test_a_message_over_the_rate_limit_is_told_when_to_come_back(
+    slack_api: FakeSlackApi, make_client: MakeClient, sqlite_url: str
+) -> None:
+    client = await make_client(
+        sqlite_url,
+        slack=slack_section(slack_api.base_url),
+        limits={"messages_per_minute": 1, "tokens_per_day": 0},
+    )
+    await post_event(client, mention("Ev0910FIRST", THREAD))
+    await idle(client)
+    await post_event(
+        client, mention("Ev0911SECOND", "1700000060.000200", thread_ts=THREAD)
+    )
+    await idle(client)
+
+    [turn] = await turns_in(sqlite_url)
+    assert turn.status == "done"
+    reply, notice = slack_api.thread_text(CHANNEL, THREAD)
+    assert reply == turn.reply_text
+    assert notice.startswith("_Sorry, too many messages in a short time. Please try again in")

@@ -361,3 +361,37 @@ async def test_an_edited_message_is_answered_as_a_new_turn(start_service: Any) -
         "What is the capital of France?",
     ]
     assert turns[0].conversation_id == turns[1].conversation_id
+
+
+async def test_a_message_over_the_length_limit_is_declined_once_with_the_limit(
+    start_service: Any,
+) -> None:
+    service: Service = await start_service(server={"max_text_chars": 100})
+    update = private_update("x" * 150)
+    assert await service.post(update) == 200
+    assert await service.post(update) == 200  # redelivered: one notice
+    await service.idle()
+
+    assert (await count_rows(service.db_url))["turns"] == 0
+    assert service.fake.texts(PRIVATE_CHAT) == [
+        "Sorry, your message is too long for me (150 characters; the limit is 100). "
+        "Please shorten it."
+    ]
+
+
+async def test_a_message_over_the_rate_limit_is_told_when_to_come_back(
+    start_service: Any,
+) -> None:
+    service: Service = await start_service(
+        limits={"messages_per_minute": 1, "tokens_per_day": 0}
+    )
+    assert await service.post(private_update("first")) == 200
+    await service.idle()
+    assert await service.post(private_update("second")) == 200
+    await service.idle()
+
+    [turn] = await service.turns()
+    assert turn.user_text == "first" and turn.status == "done"
+    texts = service.fake.texts(PRIVATE_CHAT)
+    assert texts[:-1] == expected_texts(turn.reply_text or "")
+    assert texts[-1].startswith("Sorry, too many messages in a short time. Please try again in")

@@ -24,6 +24,7 @@ import aiohttp
 import structlog
 from aiohttp import web
 
+from bot.channels.base import too_long_notice
 from bot.channels.slack.channel import SlackChannel
 from bot.channels.slack.events import (
     Ignored,
@@ -33,6 +34,7 @@ from bot.channels.slack.events import (
     to_inbound,
 )
 from bot.config import Settings
+from bot.errors import ErrorClass
 from bot.http.body import BodyError, read_body
 from bot.http.errors import json_error
 from bot.http.keys import REQUEST_RECEIVED_AT, REQUEST_STARTED
@@ -121,6 +123,9 @@ class SlackEvents:
                 reason=f"{len(parsed.text)} characters; the limit is {self._max_text}",
                 event_id=parsed.event_id,
             )
+            message = to_inbound(parsed, channel=channel.name, user_name=None)
+            notice = too_long_notice(len(parsed.text), self._max_text)
+            self._turns.decline(message, ErrorClass.BAD_REQUEST, notice)
             return web.Response(status=200)
 
         user_name = None

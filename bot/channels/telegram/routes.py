@@ -23,12 +23,14 @@ import aiohttp
 import structlog
 from aiohttp import web
 
+from bot.channels.base import too_long_notice
 from bot.channels.telegram.api import TelegramApi, TelegramApiError
 from bot.channels.telegram.channel import TelegramChannel
 from bot.channels.telegram.commands import run_command
 from bot.channels.telegram.settings import TelegramBotSettings
 from bot.channels.telegram.updates import BotIdentity, Command, Ignored, parse_update
 from bot.config import Settings
+from bot.errors import ErrorClass
 from bot.http.body import BodyError, parse_json_object, read_body
 from bot.http.errors import json_error
 from bot.http.keys import REQUEST_RECEIVED_AT, REQUEST_STARTED, SETTINGS, TURNS
@@ -179,7 +181,10 @@ async def post_update(request: web.Request) -> web.Response:
         return web.Response(status=200)
 
     if len(parsed.text) > settings.server.max_text_chars:
-        log.info("telegram.ignored", reason="text too long", **log_fields)
+        log.info("telegram.declined", reason="text too long", **log_fields)
+        limit = settings.server.max_text_chars
+        notice = too_long_notice(len(parsed.text), limit)
+        request.app[TURNS].decline(parsed, ErrorClass.BAD_REQUEST, notice)
         return web.Response(status=200)
     ingress_ms = (time.perf_counter() - started) * 1000 - auth_ms
     message = dataclasses.replace(
