@@ -6,15 +6,14 @@ import asyncio
 import datetime as dt
 import itertools
 import json
-from collections.abc import AsyncIterator
 
 import pytest
 
-from bot.engine.base import GenerationChunk, GenerationRequest
 from bot.engine.vllm_local import LocalVLLMEngine
 from bot.http.keys import TURNS
 from bot.storage.queries import as_utc
 from tests.conftest import MakeClient, issue_key
+from tests.engines import MeetingEngine
 from tests.helpers import (
     SPEC_LAYERS,
     auth,
@@ -150,37 +149,6 @@ async def test_turns_of_one_conversation_run_in_order(db_url: str, make_client: 
     assert [(role, turn_id) for role, _, turn_id in history] == [
         (role, turn.id) for turn in turns for role in ("user", "assistant")
     ]
-
-
-class MeetingEngine:
-    """The real engine, where a request starts generating only once ``parties`` are waiting.
-
-    A service that ran conversations one at a time would never gather them all:
-    its first request times out and fails.
-    """
-
-    def __init__(self, engine: LocalVLLMEngine, parties: int) -> None:
-        self._engine = engine
-        self._barrier = asyncio.Barrier(parties)
-        self.max_model_len = engine.max_model_len
-
-    async def start(self) -> None:
-        await self._engine.start()
-
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
-        async with asyncio.timeout(30):
-            await self._barrier.wait()
-        async for chunk in self._engine.generate(request):
-            yield chunk
-
-    async def abort(self, request_id: str) -> None:
-        await self._engine.abort(request_id)
-
-    async def check_health(self) -> None:
-        await self._engine.check_health()
-
-    async def shutdown(self) -> None:
-        await self._engine.shutdown()
 
 
 async def test_conversations_run_concurrently(

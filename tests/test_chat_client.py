@@ -17,8 +17,8 @@ from typing import Any
 from bot.engine.vllm_local import LocalVLLMEngine
 from bot.http.keys import TURNS
 from tests.conftest import MakeClient, issue_key
+from tests.engines import SlowEngine
 from tests.helpers import auth
-from tests.web.engines import SlowEngine
 
 STATS = re.compile(
     r"\[ttft \d+ ms \| .*prompt (\d+) tok: (\d+) cached, (\d+) new \| (\d+) generated"

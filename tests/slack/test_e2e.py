@@ -447,9 +447,7 @@ async def test_a_message_over_the_rate_limit_is_told_when_to_come_back(
     )
     await post_event(client, mention("Ev0910FIRST", THREAD))
     await idle(client)
-    await post_event(
-        client, mention("Ev0911SECOND", "1700000060.000200", thread_ts=THREAD)
-    )
+    await post_event(client, mention("Ev0911SECOND", "1700000060.000200", thread_ts=THREAD))
     await idle(client)
 
     [turn] = await turns_in(sqlite_url)

@@ -10,7 +10,7 @@ from playwright.async_api import Browser, Page, expect
 
 from bot.engine.vllm_local import LocalVLLMEngine
 from tests.conftest import MakeClient, issue_key
-from tests.web.engines import DownEngine, SlowEngine
+from tests.engines import DownEngine, SlowEngine
 
 PHONE = {"width": 390, "height": 844}
 # Records every length the first reply had while it streamed, before the timing bar appeared.

@@ -12,8 +12,8 @@ from bot.channels.webhook.signing import verify
 from bot.engine.vllm_local import LocalVLLMEngine
 from bot.http.keys import TURNS
 from tests.conftest import MakeClient
+from tests.engines import SlowEngine
 from tests.helpers import count_rows, load_turns
-from tests.web.engines import SlowEngine
 from tests.webhook.conftest import SECRET, Receiver, message, post_signed, webhook_settings
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "webhook.md"

@@ -1,4 +1,4 @@
-"""Engines for the client tests: the real engine slowed down, and one that is down."""
+"""Engines for tests: the real engine slowed down or waiting for company, and one that is down."""
 
 from __future__ import annotations
 
@@ -70,3 +70,34 @@ class DownEngine:
 
     async def shutdown(self) -> None:
         return None
+
+
+class MeetingEngine:
+    """The real engine, where a request starts generating only once ``parties`` are waiting.
+
+    A service that ran conversations one at a time would never gather them all:
+    its first request times out and fails.
+    """
+
+    def __init__(self, engine: InferenceEngine, parties: int) -> None:
+        self._engine = engine
+        self._barrier = asyncio.Barrier(parties)
+        self.max_model_len = engine.max_model_len
+
+    async def start(self) -> None:
+        await self._engine.start()
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
+        async with asyncio.timeout(30):
+            await self._barrier.wait()
+        async for chunk in self._engine.generate(request):
+            yield chunk
+
+    async def abort(self, request_id: str) -> None:
+        await self._engine.abort(request_id)
+
+    async def check_health(self) -> None:
+        await self._engine.check_health()
+
+    async def shutdown(self) -> None:
+        await self._engine.shutdown()
