@@ -8,13 +8,27 @@ import pytest
 import structlog
 from sqlalchemy import select
 
+from bot.config import EngineSettings
 from bot.engine.vllm_local import LocalVLLMEngine
+from bot.storage import queries
 from bot.storage.db import create_engine, create_sessionmaker
-from bot.storage.models import Compaction, Message
+from bot.storage.models import Compaction, Message, Turn
+from bot.storage.queries import BASE_ROLE
 from bot.storage.tokens import unpack_token_ids
 from bot.turns.chat_format import ChatFormat
-from bot.turns.compaction import knows_reasoning_tags, pair_exchanges, strip_reasoning
-from tests.conftest import TEST_BLOCK_SIZE, TEST_MAX_MODEL_LEN, MakeClient, issue_key
+from bot.turns.compaction import (
+    Compactor,
+    knows_reasoning_tags,
+    pair_exchanges,
+    strip_reasoning,
+)
+from tests.conftest import (
+    TEST_BLOCK_SIZE,
+    TEST_MAX_MODEL_LEN,
+    MakeClient,
+    issue_key,
+    make_settings,
+)
 from tests.engine_spy import RecordedGeneration, RecordingEngine
 from tests.helpers import auth, load_turns, read_sse
 
@@ -182,3 +196,63 @@ def test_exchanges_pair_user_entries_with_their_reply() -> None:
         (0, "u0", "a0"),
         (3, "u1", "a1"),
     ]
+
+
+@pytest.mark.parametrize("status", ["running", "failed"])
+async def test_compaction_writes_only_while_its_turn_is_still_ours(
+    sqlite_url: str,
+    make_client: MakeClient,
+    engine: LocalVLLMEngine,
+    engine_settings: EngineSettings,
+    chat_format: ChatFormat,
+    status: str,
+) -> None:
+    # A short chat, with compaction off, gives the history something to drop.
+    sections = _compaction_sections(enabled=False)
+    client = await make_client(sqlite_url, **sections)
+    await _chat(client, await issue_key(sqlite_url), 3)
+    [first, *_] = await load_turns(sqlite_url)
+
+    # The next turn: still running here, or failed by a worker that took it over.
+    db = create_engine(sqlite_url)
+    sessions = create_sessionmaker(db)
+    try:
+        async with sessions() as session, session.begin():
+            conversation_id = first.conversation_id
+            turn = Turn(
+                conversation_id=conversation_id,
+                seq=await queries.allocate_turn_seq(session, conversation_id),
+                channel="api",
+                user_text=LINES[3],
+                status=status,
+            )
+            session.add(turn)
+        async with sessions() as session:
+            history = await queries.load_history(session, conversation_id)
+        settings = make_settings(sqlite_url, engine_settings, **_compaction_sections(summary=False))
+        compactor = Compactor(
+            settings=settings.compaction,
+            chat_format=chat_format,
+            engine=engine,
+            generation=settings.generation,
+            sessions=sessions,
+        )
+        compacted = await compactor.compact(
+            conversation_id=conversation_id,
+            turn_id=turn.id,
+            content=LINES[3],
+            history=history,
+            max_tokens=MAX_TOKENS,
+            cache_salt=None,
+        )
+        async with sessions() as session:
+            stored = list(await session.scalars(select(Compaction)))
+            bases = list(await session.scalars(select(Message).where(Message.role == BASE_ROLE)))
+    finally:
+        await db.dispose()
+
+    if status == "running":
+        assert compacted is not None and [c.turn_id for c in stored] == [turn.id]
+        assert len(bases) == 1
+    else:
+        assert compacted is None and stored == [] and bases == []

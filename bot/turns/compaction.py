@@ -42,7 +42,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from bot.config import GenerationSettings
 from bot.engine.base import GenerationRequest, InferenceEngine
-from bot.storage.models import Compaction, Message
+from bot.storage.models import Compaction, Message, Turn, TurnStatus
 from bot.storage.queries import BASE_ROLE, History
 from bot.storage.tokens import pack_token_ids
 from bot.turns.chat_format import ChatFormat, Tokenizer
@@ -149,7 +149,11 @@ class Compactor:
         max_tokens: int,
         cache_salt: str | None,
     ) -> Compacted | None:
-        """Rebuild and store the base; None when there is nothing to drop (a lone long message)."""
+        """Rebuild and store the base.
+
+        None when there is nothing to drop (a lone long message), or when the turn
+        is already final (another worker took it over): then nothing is stored.
+        """
         async with self._sessions() as session:
             previous, exchanges = await self._load(session, conversation_id)
         if not exchanges:
@@ -182,6 +186,12 @@ class Compactor:
         )
 
         async with self._sessions() as session, session.begin():
+            # Fenced like the turn's final write: once another worker has taken the turn
+            # over (our lease ran out), it is final, and the history is no longer ours.
+            turn = await session.get(Turn, turn_id, with_for_update=True)
+            if turn is None or turn.status in TurnStatus.FINAL:
+                log.info("compaction_skipped", conversation_id=conversation_id, turn_id=turn_id)
+                return None
             record = Compaction(
                 conversation_id=conversation_id,
                 turn_id=turn_id,
