@@ -1,4 +1,4 @@
-"""Which worker's poller may take a queued turn, on a real PostgreSQL shared by two workers."""
+"""Two workers on one real PostgreSQL: who takes a new turn, and who stops a running one."""
 
 from __future__ import annotations
 
@@ -8,11 +8,14 @@ from collections.abc import AsyncIterator
 import pytest
 from sqlalchemy import update
 
+from bot.engine.vllm_local import LocalVLLMEngine
 from bot.storage import queries
 from bot.storage.db import create_engine, create_sessionmaker
 from bot.storage.models import Turn, TurnStatus, utcnow
 from bot.turns.claims import FRESH_TURN_GRACE, TurnClaims
-from tests.conftest import migrated_postgres_database
+from tests.conftest import MakeClient, issue_key, migrated_postgres_database
+from tests.engines import SlowEngine
+from tests.helpers import auth, read_sse
 
 
 @pytest.fixture
@@ -56,3 +59,33 @@ async def test_other_workers_leave_a_fresh_turn_to_the_worker_that_accepted_it(
         assert claimed.lease_owner == "other"
     finally:
         await engine.dispose()
+
+
+async def test_a_turn_running_on_one_worker_is_stopped_from_another(
+    pg_url: str, make_client: MakeClient, engine: LocalVLLMEngine
+) -> None:
+    workers = {"poll_interval_s": 0.1}
+    runs_it = await make_client(
+        pg_url,
+        engine_override=SlowEngine(engine, 0.05),
+        generation={"max_tokens": 600},
+        workers=workers,
+    )
+    other = await make_client(pg_url, workers=workers)
+    key = await issue_key(pg_url)
+    message = {"conversation_id": "c1", "message_id": "m1", "text": "Say a lot"}
+    body = await (await runs_it.post("/v1/messages", json=message, headers=auth(key))).json()
+    stream = await runs_it.get(body["stream_url"], headers=auth(key))
+    await stream.content.readline()  # the first delta: the turn runs on the first worker
+
+    cancel = await other.post(f"/v1/turns/{body['turn_id']}/cancel", headers=auth(key))
+    assert (await cancel.json())["cancelled"] is True
+    events = await read_sse(stream)
+    assert events[-1].kind == "error"
+    assert events[-1].data["error_class"] == "cancelled"
+    turn = await (await other.get(f"/v1/turns/{body['turn_id']}", headers=auth(key))).json()
+    assert turn["status"] == "failed" and turn["error_class"] == "cancelled"
+    assert turn["usage"]["completion_tokens"] < 600
+    # Finished: asking again changes nothing.
+    again = await other.post(f"/v1/turns/{body['turn_id']}/cancel", headers=auth(key))
+    assert (await again.json())["cancelled"] is False

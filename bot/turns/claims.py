@@ -292,12 +292,26 @@ class TurnClaims:
                 stale = stale.where(Turn.lease_owner == self.worker_id)
             await session.execute(stale.values(lease_owner=None, lease_expires_at=None))
 
+    async def cancel_requests(self) -> list[str]:
+        """Turns running under this worker's lease that another worker was asked to stop."""
+        async with self._sessions() as session:
+            return list(
+                await session.scalars(
+                    select(Turn.id).where(
+                        Turn.lease_owner == self.worker_id,
+                        Turn.status == TurnStatus.RUNNING,
+                        Turn.cancel_requested_at.is_not(None),
+                    )
+                )
+            )
+
     # -- background: renew and poll ----------------------------------------------------
 
-    def start(self, schedule: Callable[[str], None]) -> None:
+    def start(self, schedule: Callable[[str], None], cancel: Callable[[str], bool]) -> None:
+        """Renew leases; poll for claimable turns and, with several workers, cancel requests."""
         self._tasks = [
             asyncio.create_task(self._renew_forever(), name="lease-renewal"),
-            asyncio.create_task(self._poll_forever(schedule), name="turn-poller"),
+            asyncio.create_task(self._poll_forever(schedule, cancel), name="turn-poller"),
         ]
 
     async def renew(self) -> int:
@@ -319,12 +333,18 @@ class TurnClaims:
             except Exception as exc:  # the database blinked: the next round retries
                 log.warning("lease_renewal_failed", error=f"{type(exc).__name__}: {exc}")
 
-    async def _poll_forever(self, schedule: Callable[[str], None]) -> None:
+    async def _poll_forever(
+        self, schedule: Callable[[str], None], cancel: Callable[[str], bool]
+    ) -> None:
         while True:
             await asyncio.sleep(self.poll_interval_s)
             try:
                 for conversation_id in await self.claimable_conversations():
                     schedule(conversation_id)
+                if not self.exclusive:
+                    for turn_id in await self.cancel_requests():
+                        if cancel(turn_id):
+                            log.info("turn_cancel_requested", turn_id=turn_id)
             except Exception as exc:
                 log.warning("turn_poll_failed", error=f"{type(exc).__name__}: {exc}")
 

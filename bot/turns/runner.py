@@ -79,7 +79,9 @@ class TurnRunner:
     async def run(self, turn_id: str, *, persist_ms: float | None = None) -> None:
         """Run a queued turn to its end (done or failed). Never raises for turn failures."""
         async with self._sessions() as session:
-            turn = await session.get(Turn, turn_id)
+            # Locked: a cancel of the queued turn (``TurnService.cancel_turn``) either
+            # lands first, and the turn never runs, or finds it running.
+            turn = await session.get(Turn, turn_id, with_for_update=True)
             if turn is None or turn.status != TurnStatus.QUEUED:
                 return
             turn.status = TurnStatus.RUNNING

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import structlog
+from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -75,6 +76,8 @@ class TurnService:
         """Turn leases; the app replaces it with one configured for several workers."""
         self.fair_use: FairUse | None = None
         self._apologies: set[asyncio.Task[None]] = set()
+        self._stopping: set[str] = set()
+        """Turns cancelled here and not finished yet."""
         # Deliveries answered with an apology instead of a turn: a platform's redelivery
         # of one of them (nothing was stored to deduplicate it by) is not answered again.
         self._declined: OrderedDict[tuple[str, str], None] = OrderedDict()
@@ -214,22 +217,49 @@ class TurnService:
                 session, owner=owner, channel=channel, external_key=conversation_key
             )
             await session.commit()
+            running_id = None
+            if not self.claims.exclusive and conversation.id not in self._active:
+                # Perhaps running on another worker: ask that one to stop it.
+                running_id = await session.scalar(
+                    select(Turn.id).where(
+                        Turn.conversation_id == conversation.id,
+                        Turn.status == TurnStatus.RUNNING,
+                    )
+                )
         active = self._active.get(conversation.id)
-        if active is None:
-            return False
-        active[1].cancel()
-        return True
+        if active is not None:
+            return self._cancel_here(active[0])
+        return running_id is not None and await self.cancel_turn(running_id)
 
-    async def cancel_turn(self, turn_id: str) -> bool:
-        """Cancel one turn: a running one is stopped, a queued one never runs."""
+    def _cancel_here(self, turn_id: str) -> bool:
+        """Cancel ``turn_id`` if this process runs it; once, however often it is asked."""
         for running_id, task in self._active.values():
             if running_id == turn_id:
-                task.cancel()
+                # A second cancel() would interrupt the runner while it records the first.
+                if turn_id not in self._stopping:
+                    self._stopping.add(turn_id)
+                    task.cancel()
                 return True
+        return False
+
+    async def cancel_turn(self, turn_id: str) -> bool:
+        """Cancel one turn: a running one is stopped, a queued one never runs.
+
+        A turn running on another worker gets a cancel request, which that
+        worker's poller carries out within ``workers.poll_interval_s``.
+        """
+        if self._cancel_here(turn_id):
+            return True
         async with self._sessions() as session, session.begin():
-            turn = await session.get(Turn, turn_id)
-            if turn is None or turn.status != TurnStatus.QUEUED:
+            # Locked: the runner moves a turn from queued to running under the same lock.
+            turn = await session.get(Turn, turn_id, with_for_update=True)
+            if turn is None or turn.status in TurnStatus.FINAL:
                 return False
+            if turn.status == TurnStatus.RUNNING:
+                if self.claims.exclusive:
+                    return False  # not running here, and nowhere else: a crash left it
+                turn.cancel_requested_at = dt.datetime.now(dt.UTC)
+                return True
             turn.status = TurnStatus.FAILED
             turn.error_class = ErrorClass.CANCELLED.value
             turn.error_message = "cancelled before it started"
@@ -276,6 +306,7 @@ class TurnService:
                         await asyncio.shield(task)
                     finally:
                         self._active.pop(conversation_id, None)
+                        self._stopping.discard(turn.id)
                 # No await between this check and the removal: a concurrent
                 # schedule() either saw this worker or will start a new one.
                 if conversation_id not in self._dirty or not self._accepting:
@@ -293,7 +324,7 @@ class TurnService:
         await self.claims.recover()
         for conversation_id in await self.claims.claimable_conversations():
             self.schedule(conversation_id)
-        self.claims.start(self.schedule)
+        self.claims.start(self.schedule, self._cancel_here)
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -323,8 +354,8 @@ class TurnService:
             return 0
         _, pending = await asyncio.wait(workers, timeout=grace_s)
         cancelled = 0
-        for _, task in list(self._active.values()):
-            if not task.done():
+        for turn_id, task in list(self._active.values()):
+            if not task.done() and turn_id not in self._stopping:
                 task.cancel()
                 cancelled += 1
         for worker in pending:
