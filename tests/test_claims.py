@@ -12,7 +12,8 @@ from bot.engine.vllm_local import LocalVLLMEngine
 from bot.storage import queries
 from bot.storage.db import create_engine, create_sessionmaker
 from bot.storage.models import Turn, TurnStatus, utcnow
-from bot.turns.claims import FRESH_TURN_GRACE, TurnClaims
+from bot.turns import claims as claims_module
+from bot.turns.claims import FRESH_TURN_GRACE, TurnClaims, database_now
 from tests.conftest import MakeClient, issue_key, migrated_postgres_database
 from tests.engines import SlowEngine
 from tests.helpers import auth, read_sse
@@ -89,3 +90,45 @@ async def test_a_turn_running_on_one_worker_is_stopped_from_another(
     # Finished: asking again changes nothing.
     again = await other.post(f"/v1/turns/{body['turn_id']}/cancel", headers=auth(key))
     assert (await again.json())["cancelled"] is False
+
+
+async def test_leases_are_judged_on_the_database_clock_not_a_skewed_host_clock(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = create_engine(pg_url)
+    sessions = create_sessionmaker(engine)
+    try:
+        async with sessions() as session, session.begin():
+            db_now = await database_now(session)
+            conversation = await queries.open_conversation(
+                session, owner="alice", channel="api", external_key="skew"
+            )
+            turn = Turn(
+                conversation_id=conversation.id,
+                seq=await queries.allocate_turn_seq(session, conversation.id),
+                channel="api",
+                user_text="hello",
+                status=TurnStatus.RUNNING,
+                lease_owner="healthy-worker",
+                lease_expires_at=db_now + dt.timedelta(seconds=20),
+            )
+            session.add(turn)
+        # This host's clock runs an hour ahead: by it, the healthy worker's lease is long gone.
+        monkeypatch.setattr(claims_module, "utcnow", lambda: db_now + dt.timedelta(hours=1))
+        skewed = TurnClaims(sessions, worker_id="skewed", lease_s=30, exclusive=False)
+        assert await skewed.claimable_conversations() == []
+        assert await skewed.claim_next(conversation.id) is None
+
+        # Its renewals are on the database's clock too: 30 s from the database's now.
+        async with sessions() as session, session.begin():
+            await session.execute(
+                update(Turn).where(Turn.id == turn.id).values(lease_owner="skewed")
+            )
+        assert await skewed.renew() == 1
+        async with sessions() as session:
+            renewed = await session.get(Turn, turn.id)
+            assert renewed is not None and renewed.lease_expires_at is not None
+            expires_in = renewed.lease_expires_at - await database_now(session)
+        assert dt.timedelta(seconds=25) < expires_in <= dt.timedelta(seconds=30)
+    finally:
+        await engine.dispose()

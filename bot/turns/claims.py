@@ -34,10 +34,10 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import structlog
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -62,6 +62,17 @@ That worker schedules the turn the moment it is stored and streams its reply
 to the reader it holds (SSE) as it is generated; a reader on one worker
 following a turn run by another only sees the reply whole, at the end.
 """
+
+
+async def database_now(session: AsyncSession) -> dt.datetime:
+    """The database server's clock (PostgreSQL: the transaction's start time).
+
+    Leases are written and judged by workers on different hosts: on one clock,
+    theirs, a skewed host clock can neither steal a live lease nor keep a dead
+    one alive.
+    """
+    now: dt.datetime = (await session.execute(select(func.now()))).scalar_one()
+    return as_utc(now)
 
 
 def default_worker_id() -> str:
@@ -130,7 +141,6 @@ class TurnClaims:
     async def _claim_head(self, conversation_id: str) -> tuple[str, Turn | None]:
         if self.exclusive:
             return await self._take_head_alone(conversation_id)
-        now = utcnow()
         head_id = (
             select(Turn.id)
             .where(Turn.conversation_id == conversation_id, Turn.status.in_(OPEN_STATUSES))
@@ -139,6 +149,7 @@ class TurnClaims:
             .scalar_subquery()
         )
         async with self._sessions() as session, session.begin():
+            now = await database_now(session)
             # Lock the head only, and skip it when another worker is deciding on it:
             # a plain ``ORDER BY seq LIMIT 1 FOR UPDATE SKIP LOCKED`` would hand out
             # the turn *behind* a locked head and break the conversation's order.
@@ -236,8 +247,8 @@ class TurnClaims:
 
     async def claimable_conversations(self) -> list[str]:
         """Conversations with a turn this worker could claim now (queued and free, or abandoned)."""
-        now = utcnow()
         async with self._sessions() as session:
+            now = await database_now(session) if not self.exclusive else utcnow()
             rows = (
                 await session.execute(
                     select(
@@ -320,9 +331,15 @@ class TurnClaims:
             result = await session.execute(
                 update(Turn)
                 .where(Turn.lease_owner == self.worker_id, Turn.status.in_(OPEN_STATUSES))
-                .values(lease_expires_at=utcnow() + self.lease)
+                .values(lease_expires_at=self._lease_expiry())
             )
         return int(getattr(result, "rowcount", 0) or 0)
+
+    def _lease_expiry(self) -> Any:
+        """A lease's new expiry, on the database's clock (see ``database_now``)."""
+        if self.exclusive:
+            return utcnow() + self.lease
+        return func.now() + self.lease
 
     async def _renew_forever(self) -> None:
         interval = self.lease.total_seconds() / 3
