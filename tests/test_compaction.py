@@ -18,9 +18,11 @@ from bot.storage.tokens import unpack_token_ids
 from bot.turns.chat_format import ChatFormat
 from bot.turns.compaction import (
     Compactor,
+    answer_ids,
     knows_reasoning_tags,
     pair_exchanges,
     strip_reasoning,
+    tag_token_id,
 )
 from tests.conftest import (
     TEST_BLOCK_SIZE,
@@ -182,6 +184,24 @@ def test_reasoning_tags_are_detected_from_the_tokenizer(chat_format: ChatFormat)
     reasoning = type(tokenizer).from_pretrained(tokenizer.name_or_path)
     reasoning.add_tokens(["<think>", "</think>"])
     assert knows_reasoning_tags(reasoning, "</think>")
+
+
+def test_reasoning_in_special_tokens_is_cut_in_the_ids(chat_format: ChatFormat) -> None:
+    tokenizer: Any = chat_format.tokenizer
+    reasoning = type(tokenizer).from_pretrained(tokenizer.name_or_path)
+    reasoning.add_special_tokens({"additional_special_tokens": ["<think>", "</think>"]})
+    open_id, close_id = tag_token_id(reasoning, "<think>"), tag_token_id(reasoning, "</think>")
+    assert open_id is not None and close_id is not None
+    reply = reasoning.encode("<think>pondering deeply</think>The answer.", add_special_tokens=False)
+    # As vLLM detokenizes it the tags are gone: the text alone cannot tell reasoning apart.
+    shown = reasoning.decode(reply, skip_special_tokens=True)
+    assert "pondering" in shown and strip_reasoning(shown, "<think>", "</think>") == shown
+    answer = answer_ids(reply, open_id, close_id)
+    assert reasoning.decode(answer, skip_special_tokens=True).strip() == "The answer."
+    # Cut off while still reasoning: no answer part.
+    unfinished = reasoning.encode("<think>still pondering", add_special_tokens=False)
+    assert answer_ids(unfinished, open_id, close_id) == []
+    assert tag_token_id(tokenizer, "</think>") is None
 
 
 def test_exchanges_pair_user_entries_with_their_reply() -> None:

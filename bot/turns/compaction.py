@@ -25,8 +25,9 @@ compactions (the stored ids are never rewritten). At a compaction, replies are
 re-rendered from their text; with ``reasoning = "drop"`` (or ``"auto"`` when
 the tokenizer's vocabulary or the chat template contains the close tag, as
 with Qwen3 and DeepSeek-R1) everything up to the last ``</think>`` is cut.
-Limitation: this works on the reply text as vLLM detokenized it, so the tags
-must survive detokenization (they do when they are added, non-special tokens).
+When the close tag is one token of the vocabulary the cut is made in the
+stored ids, so it also works when the tag is a special token that
+detokenization drops from the reply text; otherwise it is made in the text.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from bot.config import GenerationSettings
 from bot.engine.base import GenerationRequest, InferenceEngine
 from bot.storage.models import Compaction, Message, Turn, TurnStatus
 from bot.storage.queries import BASE_ROLE, History
-from bot.storage.tokens import pack_token_ids
+from bot.storage.tokens import pack_token_ids, unpack_token_ids
 from bot.turns.chat_format import ChatFormat, Tokenizer
 from bot.turns.settings import CompactionSettings
 
@@ -88,6 +89,26 @@ def strip_reasoning(text: str, open_tag: str, close_tag: str) -> str:
     if open_tag and open_tag in text:
         return text.split(open_tag, 1)[0].rstrip()
     return text
+
+
+def tag_token_id(tokenizer: Tokenizer, tag: str) -> int | None:
+    """The id of ``tag`` when the vocabulary holds it as one token (special or not)."""
+    get_vocab = getattr(tokenizer, "get_vocab", None)
+    if not tag or not callable(get_vocab):
+        return None
+    vocab: Any = get_vocab()
+    token_id = vocab.get(tag) if isinstance(vocab, dict) else None
+    return token_id if isinstance(token_id, int) else None
+
+
+def answer_ids(token_ids: Sequence[int], open_id: int | None, close_id: int | None) -> list[int]:
+    """The answer part of a reply's ids: after the last close tag (as ``strip_reasoning``)."""
+    ids = list(token_ids)
+    if close_id is not None and close_id in ids:
+        return ids[len(ids) - ids[::-1].index(close_id) :]
+    if open_id is not None and open_id in ids:
+        return ids[: ids.index(open_id)]
+    return ids
 
 
 def knows_reasoning_tags(tokenizer: Tokenizer, close_tag: str) -> bool:
@@ -134,6 +155,8 @@ class Compactor:
             settings.reasoning == "auto"
             and knows_reasoning_tags(chat_format.tokenizer, settings.think_close_tag)
         )
+        self._open_id = tag_token_id(chat_format.tokenizer, settings.think_open_tag)
+        self._close_id = tag_token_id(chat_format.tokenizer, settings.think_close_tag)
 
     def needed(self, prompt_tokens: int, max_tokens: int) -> bool:
         high = self._settings.high_watermark * self._engine.max_model_len
@@ -158,17 +181,6 @@ class Compactor:
             previous, exchanges = await self._load(session, conversation_id)
         if not exchanges:
             return None
-        if self.drops_reasoning:
-            exchanges = [
-                Exchange(
-                    e.user_seq,
-                    e.user,
-                    strip_reasoning(
-                        e.assistant, self._settings.think_open_tag, self._settings.think_close_tag
-                    ),
-                )
-                for e in exchanges
-            ]
         user_ids = self._format.turn_after_closed(content).token_ids
         kept = self._fit(exchanges, len(user_ids), max_tokens)
         dropped = exchanges[: len(exchanges) - len(kept)]
@@ -251,7 +263,7 @@ class Compactor:
             )
         ).first()
         query = (
-            select(Message.seq, Message.role, Message.text, Message.turn_id)
+            select(Message.seq, Message.role, Message.text, Message.turn_id, Message.token_ids)
             .where(
                 Message.conversation_id == conversation_id,
                 Message.role.in_(("user", "assistant")),
@@ -265,9 +277,21 @@ class Compactor:
             )
             query = query.where(Message.seq >= start)
         rows = [
-            (seq, role, text, turn_id) for seq, role, text, turn_id in await session.execute(query)
+            (seq, role, self._answer(text, ids) if role == "assistant" else text, turn_id)
+            for seq, role, text, turn_id, ids in await session.execute(query)
         ]
         return previous, pair_exchanges(rows)
+
+    def _answer(self, text: str, packed_ids: bytes) -> str:
+        """A stored reply as the rebuilt base shows it: without its reasoning, if so configured."""
+        if not self.drops_reasoning:
+            return text
+        if self._close_id is None:
+            return strip_reasoning(
+                text, self._settings.think_open_tag, self._settings.think_close_tag
+            )
+        ids = answer_ids(unpack_token_ids(packed_ids), self._open_id, self._close_id)
+        return self._format.tokenizer.decode(ids, skip_special_tokens=True).strip()
 
     def _messages(self, summary: str | None, kept: Sequence[Exchange]) -> list[dict[str, str]]:
         system = self._format.system_prompt
