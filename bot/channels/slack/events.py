@@ -221,7 +221,7 @@ def _parse_event(
         return Ignored("no text left once the mention is removed", f"event:{event_type}", event_id)
 
     if is_dm:
-        conversation_key = f"im:{channel_id}"
+        conversation_key = dm_conversation_key(channel_id)
         reply_thread = thread_ts
     else:
         reply_thread = thread_ts or ts
@@ -240,6 +240,11 @@ def _parse_event(
         conversation_key=conversation_key,
         event_time=event_time if isinstance(event_time, int) else None,
     )
+
+
+def dm_conversation_key(channel_id: str) -> str:
+    """The one conversation of a DM; slash commands address it with this key too."""
+    return f"im:{channel_id}"
 
 
 def to_inbound(

@@ -1,9 +1,7 @@
 """``POST /slack/events``: verify, parse, persist, acknowledge. Generation runs after the 200.
 
 1. Read the raw body (size-limited) and find the app whose signing secret
-   signs it: slack_sdk's ``SignatureVerifier`` (HMAC-SHA256 over
-   ``v0:{timestamp}:{body}``, constant-time compare, 5-minute window). No
-   match: 401, nothing parsed, nothing stored.
+   signs it (``signing.py``). No match: 401, nothing parsed, nothing stored.
 2. ``url_verification``: echo the challenge.
 3. Ignored events (bots, edits, other subtypes...): 200, nothing stored.
 4. A user message: ``TurnService.accept`` stores it deduplicated on
@@ -13,6 +11,9 @@
    reached us is stored and answered like a first delivery.
 
 A 5xx (e.g. the database is down) makes Slack retry later, which is what we want.
+
+``POST /slack/commands``: the ``/new`` and ``/stop`` slash commands
+(``commands.py``), verified the same way and answered in the 200 itself.
 """
 
 from __future__ import annotations
@@ -26,6 +27,13 @@ from aiohttp import web
 
 from bot.channels.base import too_long_notice
 from bot.channels.slack.channel import SlackChannel
+from bot.channels.slack.commands import (
+    HELP_TEXT,
+    OTHER_APP_TEXT,
+    MalformedCommand,
+    parse_form,
+    run_command,
+)
 from bot.channels.slack.events import (
     Ignored,
     MalformedEvent,
@@ -33,9 +41,9 @@ from bot.channels.slack.events import (
     parse_body,
     to_inbound,
 )
+from bot.channels.slack.signing import SignedBody, pick_app, read_signed_body
 from bot.config import Settings
 from bot.errors import ErrorClass
-from bot.http.body import BodyError, read_body
 from bot.http.errors import json_error
 from bot.http.keys import REQUEST_RECEIVED_AT, REQUEST_STARTED
 from bot.turns.service import TurnService
@@ -43,24 +51,8 @@ from bot.turns.service import TurnService
 log = structlog.get_logger(__name__)
 
 EVENTS_PATH = "/slack/events"
-
-
-def _signed_by(
-    channels: list[SlackChannel], body: bytes, request: web.Request
-) -> list[SlackChannel]:
-    timestamp = request.headers.get("X-Slack-Request-Timestamp")
-    signature = request.headers.get("X-Slack-Signature")
-    if not timestamp or not signature:
-        return []
-    matches = []
-    for channel in channels:
-        try:
-            if channel.verifier.is_valid(body=body, timestamp=timestamp, signature=signature):
-                matches.append(channel)
-        except (ValueError, UnicodeDecodeError):
-            # A timestamp that is no integer, a body that is no UTF-8: not from Slack.
-            return []
-    return matches
+COMMANDS_PATH = "/slack/commands"
+FORM_CONTENT_TYPE = "application/x-www-form-urlencoded"
 
 
 class SlackEvents:
@@ -78,21 +70,12 @@ class SlackEvents:
         started = request.get(REQUEST_STARTED, time.perf_counter())
         retry_num = request.headers.get("X-Slack-Retry-Num")
         retry_reason = request.headers.get("X-Slack-Retry-Reason")
-        try:
-            body = await read_body(request, self._max_body)
-        except BodyError as exc:
-            return exc.response
+        signed = await read_signed_body(request, self._channels, self._max_body)
+        if not isinstance(signed, SignedBody):
+            return signed
 
-        auth_started = time.perf_counter()
-        signed = _signed_by(self._channels, body, request)
-        auth_ms = (time.perf_counter() - auth_started) * 1000
-        if not signed:
-            log.warning("slack_signature_rejected", retry_num=retry_num)
-            return json_error(401, "auth", "missing, invalid or expired Slack signature")
-
-        ingress_started = time.perf_counter()
         try:
-            document = json.loads(body)
+            document = json.loads(signed.raw)
             parsed = parse_body(document)
         except (UnicodeDecodeError, json.JSONDecodeError, MalformedEvent) as exc:
             log.warning("slack_event_malformed", error=str(exc))
@@ -100,7 +83,7 @@ class SlackEvents:
         if isinstance(parsed, UrlVerification):
             # Carries no api_app_id; a valid signature is all Slack asks us to prove.
             return web.json_response({"challenge": parsed.challenge})
-        channel = _pick(signed, document.get("api_app_id"))
+        channel = pick_app(signed.signed_by, document.get("api_app_id"))
         if channel is None:
             log.warning("slack_event_for_another_app", api_app_id=document.get("api_app_id"))
             return web.Response(status=200)
@@ -131,15 +114,14 @@ class SlackEvents:
         user_name = None
         if not parsed.is_dm:
             user_name = await channel.users.name(parsed.team_id, parsed.user_id)
-        ingress_ms = (auth_started - started) * 1000 + (
-            time.perf_counter() - ingress_started
-        ) * 1000
+        # Everything before the answer that was not the signature check.
+        ingress_ms = (time.perf_counter() - started) * 1000 - signed.auth_ms
         accepted = await self._turns.accept(
             to_inbound(
                 parsed,
                 channel=channel.name,
                 user_name=user_name,
-                layer_ms={"ingress": ingress_ms, "auth": auth_ms},
+                layer_ms={"ingress": ingress_ms, "auth": signed.auth_ms},
                 received_at=request.get(REQUEST_RECEIVED_AT),
             )
         )
@@ -156,13 +138,57 @@ class SlackEvents:
         return web.Response(status=200)
 
 
-def _pick(signed: list[SlackChannel], api_app_id: object) -> SlackChannel | None:
-    """Among the apps whose secret signs the body, the one the event is for."""
-    for channel in signed:
-        if channel.settings.app_id is not None and channel.settings.app_id == api_app_id:
-            return channel
-    unbound = [c for c in signed if c.settings.app_id is None]
-    return unbound[0] if unbound else None
+class SlackCommands:
+    """``POST /slack/commands``: the slash commands, answered to their user alone.
+
+    Slack shows any non-200 answer to a command as a bare failure, so whatever
+    a person can type (an unknown command, a form missing a field) gets a 200
+    with the help text. A signed body that is no form at all cannot come from
+    typing a command: it means another Slack feature (e.g. the Events API
+    Request URL, whose check is JSON) points here, and the 400 makes Slack's
+    URL check fail where the admin is looking.
+    """
+
+    def __init__(
+        self, channels: list[SlackChannel], turns: TurnService, settings: Settings
+    ) -> None:
+        self._channels = channels
+        self._turns = turns
+        self._max_body = settings.server.max_body_bytes
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        signed = await read_signed_body(request, self._channels, self._max_body)
+        if not isinstance(signed, SignedBody):
+            return signed
+        if request.content_type != FORM_CONTENT_TYPE:
+            log.warning("slack_command_malformed", content_type=request.content_type)
+            return json_error(400, "bad_request", f"a slash command is {FORM_CONTENT_TYPE}")
+        try:
+            # read_signed_body only lets UTF-8 through: the signature is over its text.
+            command = parse_form(signed.raw.decode())
+        except MalformedCommand as exc:
+            log.warning("slack_command_malformed", error=str(exc))
+            return _ephemeral(HELP_TEXT)
+        channel = pick_app(signed.signed_by, command.api_app_id)
+        if channel is None:
+            log.warning("slack_command_for_another_app", api_app_id=command.api_app_id)
+            return _ephemeral(OTHER_APP_TEXT)
+        answer = await run_command(command, channel=channel.name, turns=self._turns)
+        log.info(
+            "slack_command",
+            app=channel.settings.name,
+            command=command.typed,
+            team_id=command.team_id,
+            channel_id=command.channel_id,
+            user_id=command.user_id,
+            answer=answer.splitlines()[0],
+        )
+        return _ephemeral(answer)
+
+
+def _ephemeral(text: str) -> web.Response:
+    """A slash command's answer, shown only to the user who typed the command."""
+    return web.json_response({"response_type": "ephemeral", "text": text})
 
 
 def setup(
@@ -174,3 +200,4 @@ def setup(
     for channel in channels:
         turns.register_channel(channel)
     app.router.add_post(EVENTS_PATH, SlackEvents(channels, turns, settings).handle)
+    app.router.add_post(COMMANDS_PATH, SlackCommands(channels, turns, settings).handle)

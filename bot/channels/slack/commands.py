@@ -1,0 +1,109 @@
+"""Slash commands: ``/new`` starts a fresh conversation, ``/stop`` stops the reply.
+
+Slack POSTs a command as an ``application/x-www-form-urlencoded`` form
+(``team_id``, ``channel_id``, ``channel_name``, ``user_id``, ``command``,
+``text``, ``api_app_id``, ``response_url``, ...), signed like an event. The
+answer is the 200 response itself: ``{"response_type": "ephemeral", "text"}``
+is shown to the user who typed the command and to nobody else.
+
+Where the commands apply:
+
+- In a DM with the bot, the DM is one endless conversation; the command
+  addresses it with the key ``events.dm_conversation_key`` gives the DM's
+  messages, so ``/new`` closes exactly the history those messages extend and
+  ``/stop`` stops exactly the reply they are getting.
+- In a channel (or a group DM) every top-level mention already starts its own
+  thread and its own conversation, so ``/new`` has nothing to do; and Slack
+  does not let app commands be typed inside a thread, so a command there can
+  never say which thread's reply to stop. Guessing (the user's latest thread?
+  every reply in the channel?) could stop someone else's answer, so both
+  commands only answer that they work in a DM.
+
+Events and commands are separate requests: a DM message sent just before
+``/new`` may still reach us after it and then belongs to the new conversation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+from urllib.parse import parse_qs
+
+from bot.channels.slack.events import dm_conversation_key
+from bot.turns.service import TurnService
+
+HELP_TEXT = (
+    "Send me a direct message, or mention me in a channel, and I will answer.\n"
+    "In our DM:\n"
+    "`/new` - start a new conversation (I forget the earlier one)\n"
+    "`/stop` - stop the reply I am writing"
+)
+UNKNOWN_TEXT = "I do not know that command.\n\n" + HELP_TEXT
+NEW_TEXT = "Started a new conversation."
+STOPPING_TEXT = "Stopping the reply."
+NOTHING_TO_STOP_TEXT = "Nothing to stop."
+DM_ONLY_TEXT = (
+    "`/new` and `/stop` work in a direct message with me. In a channel, each thread "
+    "is its own conversation: mention me at the top level to start a new one."
+)
+OTHER_APP_TEXT = "This bot is not set up for this Slack app."
+
+# Slack's channel ids: ``D`` for a DM, ``C``/``G`` for channels and group DMs.
+DM_CHANNEL_PREFIX = "D"
+
+CommandName = Literal["new", "stop", "unknown"]
+_KNOWN: dict[str, CommandName] = {"/new": "new", "/stop": "stop"}
+
+
+class MalformedCommand(ValueError):
+    """A verified form that lacks what every slash command carries."""
+
+
+@dataclass(frozen=True)
+class SlashCommand:
+    name: CommandName
+    typed: str
+    """The command as the user typed it (``/new``), for the log line."""
+    api_app_id: str | None
+    team_id: str
+    channel_id: str
+    user_id: str
+
+    @property
+    def in_dm(self) -> bool:
+        return self.channel_id.startswith(DM_CHANNEL_PREFIX)
+
+
+def parse_form(body: str) -> SlashCommand:
+    """One verified form body -> the command; MalformedCommand without its ids."""
+    fields = {name: values[0] for name, values in parse_qs(body, keep_blank_values=True).items()}
+    typed = fields.get("command", "").strip()
+    team_id = fields.get("team_id", "")
+    channel_id = fields.get("channel_id", "")
+    user_id = fields.get("user_id", "")
+    if not (typed and team_id and channel_id and user_id):
+        raise MalformedCommand("command, team_id, channel_id or user_id missing")
+    return SlashCommand(
+        name=_KNOWN.get(typed.lower(), "unknown"),
+        typed=typed,
+        api_app_id=fields.get("api_app_id") or None,
+        team_id=team_id,
+        channel_id=channel_id,
+        user_id=user_id,
+    )
+
+
+async def run_command(command: SlashCommand, *, channel: str, turns: TurnService) -> str:
+    """Carry out ``command`` for the app whose channel instance is ``channel``; the answer."""
+    if command.name == "unknown":
+        return UNKNOWN_TEXT
+    if not command.in_dm:
+        return DM_ONLY_TEXT
+    # The owner and key the DM's message events are stored under (events.py).
+    owner = command.team_id
+    key = dm_conversation_key(command.channel_id)
+    if command.name == "new":
+        await turns.new_conversation(channel=channel, owner=owner, conversation_key=key)
+        return NEW_TEXT
+    stopping = await turns.cancel_active(channel=channel, owner=owner, conversation_key=key)
+    return STOPPING_TEXT if stopping else NOTHING_TO_STOP_TEXT
