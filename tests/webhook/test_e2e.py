@@ -8,6 +8,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+from pydantic import ValidationError
+
+from bot.channels.webhook.settings import WebhookSettings
 from bot.channels.webhook.signing import verify
 from bot.engine.vllm_local import LocalVLLMEngine
 from bot.http.keys import TURNS
@@ -238,3 +242,35 @@ async def test_a_stopped_turn_ends_with_an_error_callback_after_its_chunks(
     assert last["type"] == "error" and last["error_class"] == "cancelled"
     assert last["seq"] >= len(chunks)  # after every chunk (one cut off mid-POST may be missing)
     assert [c["seq"] for c in chunks] == list(range(len(chunks)))
+
+
+async def test_a_rotated_secret_accepts_both_secrets_inbound_and_signs_with_the_new_one(
+    sqlite_url: str, make_client: MakeClient, receiver: Receiver
+) -> None:
+    new_secret = "rotated-secret-fedcba9876543210"
+    settings = webhook_settings(receiver, secret=new_secret, previous_secrets=[SECRET])
+    client = await make_client(sqlite_url, webhooks=settings)
+    # The sender still on the old secret, then switched to the new one; anything else is refused.
+    assert (await post_signed(client, message("m1"), secret=SECRET)).status == 202
+    assert (await post_signed(client, message("m2"), secret=new_secret)).status == 202
+    assert (await post_signed(client, message("m3"), secret="x" * 32)).status == 401
+    await _idle(client)
+
+    assert len(await load_turns(sqlite_url)) == 2
+    callbacks = [c for c in receiver.attempts if 200 <= c.status < 300]
+    assert callbacks
+    for callback in callbacks:
+        timestamp = callback.headers["X-Webhook-Timestamp"]
+        signature_header = callback.headers["X-Webhook-Signature"]
+        assert verify(new_secret, timestamp, signature_header, callback.body) is None
+        assert verify(SECRET, timestamp, signature_header, callback.body) is not None
+
+
+def test_previous_secrets_must_be_long_enough_too() -> None:
+    with pytest.raises(ValidationError, match="at least 16 characters"):
+        WebhookSettings(
+            name="crm",
+            secret="x" * 32,
+            previous_secrets=["short"],
+            callback_url="https://crm.example.com/hook",
+        )

@@ -17,6 +17,10 @@ class WebhookChannel:
         self.settings = settings
         self.name = f"{CHANNEL_PREFIX}:{settings.name}"
         self.secret = settings.secret.get_secret_value()
+        self.accepted_secrets = [self.secret] + [
+            previous.get_secret_value() for previous in settings.previous_secrets
+        ]
+        """Inbound messages may be signed with any of these (the current one first)."""
         self.callbacks = CallbackClient(settings, http)
 
     def open_reply(self, address: TurnAddress) -> ReplySink:

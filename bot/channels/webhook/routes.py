@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from bot.channels.base import InboundMessage
 from bot.channels.webhook.channel import WebhookChannel
-from bot.channels.webhook.signing import SIGNATURE_HEADER, TIMESTAMP_HEADER, verify
+from bot.channels.webhook.signing import SIGNATURE_HEADER, TIMESTAMP_HEADER, verify_any
 from bot.config import Settings
 from bot.http.body import BodyError, read_body
 from bot.http.errors import json_error
@@ -72,8 +72,8 @@ class WebhookEvents:
             return exc.response
 
         auth_started = time.perf_counter()
-        refused = verify(
-            channel.secret,
+        refused = verify_any(
+            channel.accepted_secrets,
             request.headers.get(TIMESTAMP_HEADER),
             request.headers.get(SIGNATURE_HEADER),
             body,

@@ -18,6 +18,10 @@ class WebhookSettings(BaseModel):
     """Path segment: ``POST /webhooks/{name}``; also the channel ``webhook:{name}``."""
     secret: SecretStr
     """Signs both directions: inbound messages and our callbacks (HMAC-SHA256)."""
+    previous_secrets: list[SecretStr] = Field(default_factory=list)
+    """While rotating: inbound messages signed with one of these are still accepted.
+
+    Callbacks are signed with ``secret`` only (docs/webhook.md, "Rotating the secret")."""
     callback_url: str = Field(pattern=r"^https?://")
     callback_timeout_s: float = Field(DEFAULT_CALLBACK_TIMEOUT_S, gt=0)
     """One callback attempt may take this long."""
@@ -34,3 +38,10 @@ class WebhookSettings(BaseModel):
         if len(value.get_secret_value()) < MIN_SECRET_CHARS:
             raise ValueError(f"must have at least {MIN_SECRET_CHARS} characters")
         return value
+
+    @field_validator("previous_secrets")
+    @classmethod
+    def _all_long_enough(cls, values: list[SecretStr]) -> list[SecretStr]:
+        for value in values:
+            cls._long_enough(value)
+        return values

@@ -32,6 +32,22 @@ def signed_headers(secret: str, body: bytes, now: float | None = None) -> dict[s
     return {TIMESTAMP_HEADER: timestamp, SIGNATURE_HEADER: signature(secret, timestamp, body)}
 
 
+def verify_any(
+    secrets: list[str],
+    timestamp: str | None,
+    signature_header: str | None,
+    body: bytes,
+    *,
+    now: float | None = None,
+) -> str | None:
+    """``verify`` against each secret (a rotation's current and previous ones): None if any fits.
+
+    Every secret is tried, so the time taken does not tell which one matched.
+    """
+    reasons = [verify(secret, timestamp, signature_header, body, now=now) for secret in secrets]
+    return None if None in reasons else reasons[0]
+
+
 def verify(
     secret: str,
     timestamp: str | None,
