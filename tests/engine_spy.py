@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from bot.engine.base import GenerationChunk, GenerationRequest, InferenceEngine
+from tests.engines import PassThroughEngine
 
 
 @dataclass
@@ -15,14 +16,10 @@ class RecordedGeneration:
     final: GenerationChunk | None = None
 
 
-class RecordingEngine:
+class RecordingEngine(PassThroughEngine):
     def __init__(self, engine: InferenceEngine) -> None:
-        self._engine = engine
-        self.max_model_len = engine.max_model_len
+        super().__init__(engine)
         self.calls: list[RecordedGeneration] = []
-
-    async def start(self) -> None:
-        await self._engine.start()
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
         record = RecordedGeneration(request)
@@ -32,12 +29,3 @@ class RecordingEngine:
             if chunk.finished:
                 record.final = chunk
             yield chunk
-
-    async def abort(self, request_id: str) -> None:
-        await self._engine.abort(request_id)
-
-    async def check_health(self) -> None:
-        await self._engine.check_health()
-
-    async def shutdown(self) -> None:
-        await self._engine.shutdown()

@@ -10,7 +10,31 @@ from bot.engine.base import GenerationChunk, GenerationRequest, InferenceEngine
 from bot.errors import EngineError, ErrorClass
 
 
-class SlowEngine:
+class PassThroughEngine:
+    """The real engine, unchanged; the engines below change only ``generate``."""
+
+    def __init__(self, engine: InferenceEngine) -> None:
+        self._engine = engine
+        self.max_model_len = engine.max_model_len
+
+    async def start(self) -> None:
+        await self._engine.start()
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
+        async for chunk in self._engine.generate(request):
+            yield chunk
+
+    async def abort(self, request_id: str) -> None:
+        await self._engine.abort(request_id)
+
+    async def check_health(self) -> None:
+        await self._engine.check_health()
+
+    async def shutdown(self) -> None:
+        await self._engine.shutdown()
+
+
+class SlowEngine(PassThroughEngine):
     """The real engine, with a pause before each streamed step.
 
     The tiny model answers in about 0.1 s, too fast to watch a reply grow or to
@@ -18,13 +42,9 @@ class SlowEngine:
     """
 
     def __init__(self, engine: InferenceEngine, pause_s: float) -> None:
-        self._engine = engine
+        super().__init__(engine)
         self.pause_s = pause_s
         """Read at every step: a test may slow down only the turn it wants to interrupt."""
-        self.max_model_len = engine.max_model_len
-
-    async def start(self) -> None:
-        await self._engine.start()
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
         async for chunk in self._engine.generate(request):
@@ -39,15 +59,6 @@ class SlowEngine:
                 await asyncio.sleep(self.pause_s)
                 chunk = replace(chunk, token_ids=[], text=chunk.text[half:])
             yield chunk
-
-    async def abort(self, request_id: str) -> None:
-        await self._engine.abort(request_id)
-
-    async def check_health(self) -> None:
-        await self._engine.check_health()
-
-    async def shutdown(self) -> None:
-        await self._engine.shutdown()
 
 
 class DownEngine:
@@ -72,7 +83,7 @@ class DownEngine:
         return None
 
 
-class MeetingEngine:
+class MeetingEngine(PassThroughEngine):
     """The real engine, where a request starts generating only once ``parties`` are waiting.
 
     A service that ran conversations one at a time would never gather them all:
@@ -80,24 +91,11 @@ class MeetingEngine:
     """
 
     def __init__(self, engine: InferenceEngine, parties: int) -> None:
-        self._engine = engine
+        super().__init__(engine)
         self._barrier = asyncio.Barrier(parties)
-        self.max_model_len = engine.max_model_len
-
-    async def start(self) -> None:
-        await self._engine.start()
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
         async with asyncio.timeout(30):
             await self._barrier.wait()
         async for chunk in self._engine.generate(request):
             yield chunk
-
-    async def abort(self, request_id: str) -> None:
-        await self._engine.abort(request_id)
-
-    async def check_health(self) -> None:
-        await self._engine.check_health()
-
-    async def shutdown(self) -> None:
-        await self._engine.shutdown()
