@@ -133,6 +133,13 @@ async def migrated_postgres_database() -> AsyncIterator[str]:
 
 
 @pytest.fixture
+async def pg_url() -> AsyncIterator[str]:
+    """A fresh migrated PostgreSQL database, for tests of several workers sharing one."""
+    async with migrated_postgres_database() as url:
+        yield url
+
+
+@pytest.fixture
 async def sqlite_url(tmp_path: Path) -> str:
     """A fresh migrated SQLite database, for tests whose subject is not the backend."""
     url = f"sqlite+aiosqlite:///{tmp_path / 'bot.db'}"

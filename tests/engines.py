@@ -99,3 +99,34 @@ class MeetingEngine(PassThroughEngine):
             await self._barrier.wait()
         async for chunk in self._engine.generate(request):
             yield chunk
+
+
+class TrickleEngine(PassThroughEngine):
+    """The real engine's reply, handed on a few characters at a time with a pause between.
+
+    For tests that need a reply to keep growing for seconds, whatever vLLM merges.
+    """
+
+    def __init__(self, engine: InferenceEngine, piece_chars: int, pause_s: float) -> None:
+        super().__init__(engine)
+        self.piece_chars = piece_chars
+        self.pause_s = pause_s
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
+        async for chunk in self._engine.generate(request):
+            text = chunk.text
+            pieces = [text[i : i + self.piece_chars] for i in range(0, len(text), self.piece_chars)]
+            for index, piece in enumerate(pieces[:-1]):
+                await asyncio.sleep(self.pause_s)
+                ids = chunk.token_ids if index == 0 else []
+                yield replace(
+                    chunk,
+                    text=piece,
+                    token_ids=ids,
+                    finished=False,
+                    finish_reason=None,
+                    timings=None,
+                )
+            await asyncio.sleep(self.pause_s)
+            last = pieces[-1] if pieces else ""
+            yield replace(chunk, text=last, token_ids=chunk.token_ids if len(pieces) <= 1 else [])

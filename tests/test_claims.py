@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import AsyncIterator
 
 import pytest
 from sqlalchemy import update
@@ -14,15 +13,10 @@ from bot.storage.db import create_engine, create_sessionmaker
 from bot.storage.models import Turn, TurnStatus, utcnow
 from bot.turns import claims as claims_module
 from bot.turns.claims import FRESH_TURN_GRACE, TurnClaims, database_now
-from tests.conftest import MakeClient, issue_key, migrated_postgres_database
-from tests.engines import SlowEngine
+from bot.turns.partials import PartialReplies
+from tests.conftest import MakeClient, issue_key
+from tests.engines import SlowEngine, TrickleEngine
 from tests.helpers import auth, read_sse
-
-
-@pytest.fixture
-async def pg_url() -> AsyncIterator[str]:
-    async with migrated_postgres_database() as url:
-        yield url
 
 
 async def test_other_workers_leave_a_fresh_turn_to_the_worker_that_accepted_it(
@@ -130,5 +124,59 @@ async def test_leases_are_judged_on_the_database_clock_not_a_skewed_host_clock(
             assert renewed is not None and renewed.lease_expires_at is not None
             expires_in = renewed.lease_expires_at - await database_now(session)
         assert dt.timedelta(seconds=25) < expires_in <= dt.timedelta(seconds=30)
+    finally:
+        await engine.dispose()
+
+
+async def test_a_reader_on_another_worker_sees_the_reply_grow(
+    pg_url: str, make_client: MakeClient, engine: LocalVLLMEngine
+) -> None:
+    # A few seconds of reply: one character every 0.05 s (the demo model's 64 tokens make
+    # some 50 characters), against a save of the reply so far every 0.5 s.
+    runs_it = await make_client(
+        pg_url, engine_override=TrickleEngine(engine, 1, 0.05), generation={"max_tokens": 64}
+    )
+    other = await make_client(pg_url)
+    key = await issue_key(pg_url)
+    message = {"conversation_id": "c1", "message_id": "m1", "text": "Tell me more"}
+    body = await (await runs_it.post("/v1/messages", json=message, headers=auth(key))).json()
+    # Read from the worker that does not run the turn (a reconnect sent elsewhere).
+    stream = await other.get(f"/v1/turns/{body['turn_id']}/events", headers=auth(key))
+    events = await read_sse(stream)
+
+    assert events[-1].kind == "done"
+    deltas = [event.data["text"] for event in events if event.kind == "delta"]
+    assert len(deltas) >= 2, "the reply arrived in one piece"
+    assert "".join(deltas) == events[-1].data["text"]
+
+
+async def test_the_reply_so_far_is_saved_only_under_the_turns_lease(pg_url: str) -> None:
+    engine = create_engine(pg_url)
+    sessions = create_sessionmaker(engine)
+    try:
+        async with sessions() as session, session.begin():
+            conversation = await queries.open_conversation(
+                session, owner="alice", channel="api", external_key="partial"
+            )
+            turn = Turn(
+                conversation_id=conversation.id,
+                seq=await queries.allocate_turn_seq(session, conversation.id),
+                channel="api",
+                user_text="hello",
+                status=TurnStatus.RUNNING,
+                lease_owner="w1",
+            )
+            session.add(turn)
+        assert await PartialReplies(sessions, "w1").save(turn.id, "Hel") is True
+        # Another worker (this one's lease ran out and it took over) is not overwritten.
+        assert await PartialReplies(sessions, "w2").save(turn.id, "Hello from w2") is False
+        async with sessions() as session, session.begin():
+            await session.execute(
+                update(Turn).where(Turn.id == turn.id).values(status=TurnStatus.FAILED)
+            )
+        assert await PartialReplies(sessions, "w1").save(turn.id, "Hello") is False
+        async with sessions() as session:
+            stored = await session.get(Turn, turn.id)
+            assert stored is not None and stored.reply_text == "Hel"
     finally:
         await engine.dispose()

@@ -32,6 +32,7 @@ from bot.storage.db import create_engine, create_sessionmaker
 from bot.turns.chat_format import ChatFormat, load_tokenizer
 from bot.turns.claims import build_claims
 from bot.turns.limits import FairUse
+from bot.turns.partials import PartialReplies
 from bot.turns.policy import build_policy
 from bot.turns.runner import TurnRunner
 from bot.turns.service import TurnService
@@ -108,8 +109,14 @@ async def create_app(
                     engine=inference,
                     sessions=sessions,
                     fair_use=turns.fair_use,
+                    partials=(
+                        None
+                        if turns.claims.exclusive
+                        else PartialReplies(sessions, turns.claims.worker_id)
+                    ),
                 ),
                 observers=[metrics.observe_turn],
+                cancellations=turns.cancellations,
             )
         )
         await turns.recover()

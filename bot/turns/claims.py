@@ -360,7 +360,7 @@ class TurnClaims:
                     schedule(conversation_id)
                 if not self.exclusive:
                     for turn_id in await self.cancel_requests():
-                        if cancel(turn_id):
+                        if cancel(turn_id):  # True the first time only
                             log.info("turn_cancel_requested", turn_id=turn_id)
             except Exception as exc:
                 log.warning("turn_poll_failed", error=f"{type(exc).__name__}: {exc}")

@@ -34,6 +34,9 @@ async def claim_pending(session: AsyncSession, answering: Turn) -> list[Turn]:
                 Turn.id != answering.id,
             )
             .order_by(Turn.seq)
+            # Locked, so a concurrent cancel of one of them either lands first (and
+            # PostgreSQL re-checks it is still queued) or waits and finds it done.
+            .with_for_update()
         )
     ).all()
     now = dt.datetime.now(dt.UTC)

@@ -18,6 +18,7 @@ from bot.storage.models import Conversation
 from bot.turns.chat_format import ChatFormat
 from bot.turns.compaction import Compactor
 from bot.turns.limits import FairUse
+from bot.turns.partials import PartialReplies
 from bot.turns.tenancy import CacheSalts
 
 
@@ -27,6 +28,8 @@ class TurnPolicy:
     salts: CacheSalts | None = None
     fair_use: FairUse | None = None
     coalesce: bool = False
+    partials: PartialReplies | None = None
+    """Several workers: the reply so far is saved for readers on other workers."""
 
     async def cache_salt(self, session: AsyncSession, conversation_id: str) -> str | None:
         """The salt of the conversation's tenant (its owner), if tenants are isolated."""
@@ -45,6 +48,7 @@ def build_policy(
     engine: InferenceEngine,
     sessions: async_sessionmaker[AsyncSession],
     fair_use: FairUse | None,
+    partials: PartialReplies | None = None,
 ) -> TurnPolicy:
     """The policy the configuration asks for (one per app)."""
     compactor = None
@@ -61,4 +65,5 @@ def build_policy(
         salts=CacheSalts(settings.tenancy) if settings.tenancy.isolate_cache else None,
         fair_use=fair_use,
         coalesce=settings.chat.pending_messages == "coalesce",
+        partials=partials,
     )

@@ -8,6 +8,7 @@ Knows nothing of HTTP or of any platform: replies go out through the
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import time
 from collections.abc import Callable
@@ -24,6 +25,7 @@ from bot.errors import USER_MESSAGES, BotError, ContextOverflow, ErrorClass
 from bot.storage.models import Message, Turn, TurnStatus, utcnow
 from bot.storage.queries import History, as_utc, load_history
 from bot.storage.tokens import pack_token_ids
+from bot.turns.cancellation import Cancellations
 from bot.turns.chat_format import ChatFormat, UserTurn
 from bot.turns.coalescing import claim_pending, coalesced_event, combined_content
 from bot.turns.policy import TurnPolicy
@@ -66,8 +68,11 @@ class TurnRunner:
         open_reply: OpenReply,
         observers: list[TurnObserver] | None = None,
         policy: TurnPolicy | None = None,
+        cancellations: Cancellations | None = None,
     ) -> None:
         self.policy = policy or TurnPolicy()
+        self.cancellations = cancellations or Cancellations()
+        """Where stop requests reach a turn's generation (shared with ``TurnService``)."""
         self._sessions = sessions
         self._engine = engine
         self._chat_format = chat_format
@@ -109,12 +114,20 @@ class TurnRunner:
             TurnAddress(turn.id, turn.conversation_id, turn.channel, dict(turn.reply_to))
         )
         progress = _Progress(covered=covered)
+        # Generation runs as its own task: a stop request cancels it and nothing else,
+        # so the final write below is never cut off (``bot.turns.cancellation``).
+        generation = asyncio.create_task(self._generate(turn, sink, clock, progress))
         try:
-            await self._generate(turn, sink, clock, progress)
+            with self.cancellations.generating(turn.id, generation):
+                await generation
         except asyncio.CancelledError:
             current = asyncio.current_task()
-            if current is not None:
+            if current is not None and current.cancelling():
+                # This task itself was cancelled (shutdown past its grace): stop the
+                # generation too and record the turn as cancelled all the same.
                 current.uncancel()
+                generation.cancel()
+                await asyncio.gather(generation, return_exceptions=True)
             await self._fail(
                 turn, sink, clock, progress, received_at, ErrorClass.CANCELLED, "cancelled"
             )
@@ -183,19 +196,20 @@ class TurnRunner:
             session_key=turn.conversation_id,
         )
         final: GenerationChunk | None = None
-        async for chunk in self._engine.generate(request):
-            progress.generated.extend(chunk.token_ids)
-            if chunk.token_ids and progress.first_token_at is None:
-                progress.first_token_at = time.time()
-            if chunk.text:
-                progress.text += chunk.text
-                with clock.measure("deliver"):
-                    await self._streams.append(turn.id, chunk.text)
-                    await sink.delta(progress.text)
-            if chunk.cached_tokens is not None:
-                progress.cached_tokens = chunk.cached_tokens
-            if chunk.finished:
-                final = chunk
+        async with self._saving_partials(turn.id, progress):
+            async for chunk in self._engine.generate(request):
+                progress.generated.extend(chunk.token_ids)
+                if chunk.token_ids and progress.first_token_at is None:
+                    progress.first_token_at = time.time()
+                if chunk.text:
+                    progress.text += chunk.text
+                    with clock.measure("deliver"):
+                        await self._streams.append(turn.id, chunk.text)
+                        await sink.delta(progress.text)
+                if chunk.cached_tokens is not None:
+                    progress.cached_tokens = chunk.cached_tokens
+                if chunk.finished:
+                    final = chunk
         if final is None:
             raise BotError(
                 ErrorClass.UPSTREAM_PROTOCOL, "the engine stream ended without a final chunk"
@@ -231,6 +245,15 @@ class TurnRunner:
                 turn_id=turn.id,
             ),
         ]
+
+    def _saving_partials(
+        self, turn_id: str, progress: _Progress
+    ) -> contextlib.AbstractAsyncContextManager[None]:
+        """Several workers: the reply so far goes to the turn row for readers elsewhere."""
+        partials = self.policy.partials
+        if partials is None:
+            return contextlib.nullcontext()
+        return partials.saving(turn_id, lambda: progress.text)
 
     def _user_turn(self, history: History, content: str) -> UserTurn:
         if history.ends_with_base:

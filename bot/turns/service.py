@@ -26,6 +26,7 @@ from bot.channels.base import Channel, InboundMessage, ReplySink, TurnAddress
 from bot.errors import ErrorClass
 from bot.storage import queries
 from bot.storage.models import InboundEvent, Turn, TurnStatus
+from bot.turns.cancellation import Cancellations
 from bot.turns.claims import TurnClaims
 from bot.turns.limits import FairUse, RateLimited, Refusal, subjects_for
 from bot.turns.streams import TurnStreams
@@ -33,6 +34,8 @@ from bot.turns.streams import TurnStreams
 log = structlog.get_logger(__name__)
 
 PERSIST_TIMINGS_KEPT = 10_000
+FINAL_WRITE_TIMEOUT_S = 10.0
+"""At shutdown, how long a stopped turn may take to record itself before it is cut off."""
 DECLINED_KEPT = 10_000
 
 
@@ -76,8 +79,8 @@ class TurnService:
         """Turn leases; the app replaces it with one configured for several workers."""
         self.fair_use: FairUse | None = None
         self._apologies: set[asyncio.Task[None]] = set()
-        self._stopping: set[str] = set()
-        """Turns cancelled here and not finished yet."""
+        self.cancellations = Cancellations()
+        """Stop requests for the turns running here; the runner shares it."""
         # Deliveries answered with an apology instead of a turn: a platform's redelivery
         # of one of them (nothing was stored to deduplicate it by) is not answered again.
         self._declined: OrderedDict[tuple[str, str], None] = OrderedDict()
@@ -231,16 +234,19 @@ class TurnService:
             return self._cancel_here(active[0])
         return running_id is not None and await self.cancel_turn(running_id)
 
+    def _runs_here(self, turn_id: str) -> bool:
+        return any(running_id == turn_id for running_id, _ in self._active.values())
+
     def _cancel_here(self, turn_id: str) -> bool:
-        """Cancel ``turn_id`` if this process runs it; once, however often it is asked."""
-        for running_id, task in self._active.values():
-            if running_id == turn_id:
-                # A second cancel() would interrupt the runner while it records the first.
-                if turn_id not in self._stopping:
-                    self._stopping.add(turn_id)
-                    task.cancel()
-                return True
-        return False
+        """Stop ``turn_id`` if this process runs it (or is starting it)."""
+        if not self._runs_here(turn_id):
+            return False
+        self.cancellations.request(turn_id)
+        return True
+
+    def _on_cancel_request(self, turn_id: str) -> bool:
+        """Another worker asked to stop a turn running here: True the first time it is seen."""
+        return self._runs_here(turn_id) and self.cancellations.request(turn_id)
 
     async def cancel_turn(self, turn_id: str) -> bool:
         """Cancel one turn: a running one is stopped, a queued one never runs.
@@ -256,6 +262,8 @@ class TurnService:
             if turn is None or turn.status in TurnStatus.FINAL:
                 return False
             if turn.status == TurnStatus.RUNNING:
+                if self._cancel_here(turn_id):
+                    return True  # started here while we waited for the lock
                 if self.claims.exclusive:
                     return False  # not running here, and nowhere else: a crash left it
                 turn.cancel_requested_at = dt.datetime.now(dt.UTC)
@@ -306,7 +314,7 @@ class TurnService:
                         await asyncio.shield(task)
                     finally:
                         self._active.pop(conversation_id, None)
-                        self._stopping.discard(turn.id)
+                        self.cancellations.forget(turn.id)
                 # No await between this check and the removal: a concurrent
                 # schedule() either saw this worker or will start a new one.
                 if conversation_id not in self._dirty or not self._accepting:
@@ -324,7 +332,7 @@ class TurnService:
         await self.claims.recover()
         for conversation_id in await self.claims.claimable_conversations():
             self.schedule(conversation_id)
-        self.claims.start(self.schedule, self._cancel_here)
+        self.claims.start(self.schedule, self._on_cancel_request)
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -346,21 +354,25 @@ class TurnService:
         and are resumed by the next start (``recover``).
         """
         self._accepting = False
-        if self._apologies:
-            await asyncio.wait(self._apologies, timeout=grace_s)
         workers = list(self._workers.values())
-        if not workers:
+        if not workers and not self._apologies:
             await self.claims.close()
             return 0
-        _, pending = await asyncio.wait(workers, timeout=grace_s)
+        # One grace period for everything still going: running turns and apologies.
+        _, pending = await asyncio.wait([*workers, *self._apologies], timeout=grace_s)
         cancelled = 0
         for turn_id, task in list(self._active.values()):
-            if not task.done() and turn_id not in self._stopping:
-                task.cancel()
+            if not task.done() and self.cancellations.request(turn_id):
                 cancelled += 1
+        # A stopped turn still records itself as cancelled; give that a bounded moment.
+        running = [task for _, task in self._active.values() if not task.done()]
+        if running:
+            _, stuck = await asyncio.wait(running, timeout=FINAL_WRITE_TIMEOUT_S)
+            for task in stuck:
+                task.cancel()
         for worker in pending:
             worker.cancel()
-        await asyncio.gather(*workers, return_exceptions=True)
+        await asyncio.gather(*workers, *self._apologies, return_exceptions=True)
         for _, task in list(self._active.values()):
             await asyncio.gather(task, return_exceptions=True)
         await self.claims.close()

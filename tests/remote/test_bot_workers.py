@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,7 +28,7 @@ from sqlalchemy import select
 
 from bot.storage.db import create_engine, create_sessionmaker
 from bot.storage.models import Message, Turn, TurnStatus
-from tests.conftest import issue_key, migrate, migrated_postgres_database
+from tests.conftest import issue_key, migrate
 from tests.helpers import auth
 from tests.vllm_servers import API_KEY, SERVED_MODEL_NAME, VLLMServer, free_port
 
@@ -108,12 +108,6 @@ async def wait_healthy(worker: Worker, timeout_s: float = 90.0) -> None:
                 pass
             await asyncio.sleep(0.2)
     raise AssertionError(f"{worker.name} did not start:\n{worker.log_path.read_text()[-3000:]}")
-
-
-@pytest.fixture
-async def pg_url() -> AsyncIterator[str]:
-    async with migrated_postgres_database() as url:
-        yield url
 
 
 @pytest.fixture

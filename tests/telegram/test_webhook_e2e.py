@@ -20,7 +20,7 @@ from bot.config import load_settings
 from bot.engine.vllm_local import LocalVLLMEngine
 from bot.http.keys import TURNS
 from bot.storage.models import Turn
-from tests.conftest import MakeClient, migrated_postgres_database
+from tests.conftest import MakeClient
 from tests.engines import MeetingEngine, SlowEngine
 from tests.fakes.telegram_api import FakeTelegram
 from tests.fakes.telegram_html import parse_html
@@ -403,38 +403,35 @@ async def test_a_message_over_the_rate_limit_is_told_when_to_come_back(
 
 
 async def test_stop_reaches_a_reply_written_by_another_worker(
-    fake_telegram: FakeTelegram, make_client: MakeClient, engine: LocalVLLMEngine
+    fake_telegram: FakeTelegram, pg_url: str, make_client: MakeClient, engine: LocalVLLMEngine
 ) -> None:
     workers = {"poll_interval_s": 0.1}
-    async with migrated_postgres_database() as pg_url:
-        writer = Service(
-            await make_client(
-                pg_url,
-                telegram=[bot_table(fake_telegram)],
-                engine_override=SlowEngine(engine, 0.05),
-                generation={"max_tokens": 600},
-                workers=workers,
-            ),
-            fake_telegram,
+    writer = Service(
+        await make_client(
             pg_url,
-        )
-        other = Service(
-            await make_client(pg_url, telegram=[bot_table(fake_telegram)], workers=workers),
-            fake_telegram,
-            pg_url,
-        )
-        assert await writer.post(private_update("Say a lot")) == 200
-        await fake_telegram.wait_until(
-            lambda: bool(fake_telegram.calls_of("sendMessageDraft")), what="the reply to stream"
-        )
-        assert await other.post(command_update("stop")) == 200
-        await writer.idle()
-        await other.idle()
+            telegram=[bot_table(fake_telegram)],
+            engine_override=SlowEngine(engine, 0.05),
+            generation={"max_tokens": 600},
+            workers=workers,
+        ),
+        fake_telegram,
+        pg_url,
+    )
+    other = Service(
+        await make_client(pg_url, telegram=[bot_table(fake_telegram)], workers=workers),
+        fake_telegram,
+        pg_url,
+    )
+    assert await writer.post(private_update("Say a lot")) == 200
+    await fake_telegram.wait_until(
+        lambda: bool(fake_telegram.calls_of("sendMessageDraft")), what="the reply to stream"
+    )
+    assert await other.post(command_update("stop")) == 200
+    await writer.idle()
+    await other.idle()
 
-        [turn] = await writer.turns()
-        assert (turn.status, turn.error_class) == ("failed", "cancelled")
-        texts = fake_telegram.texts(PRIVATE_CHAT)
-        assert texts[-1].endswith("Stopped.")
-        assert NOTHING_TO_STOP_TEXT not in texts
-        await writer.client.close()
-        await other.client.close()
+    [turn] = await writer.turns()
+    assert (turn.status, turn.error_class) == ("failed", "cancelled")
+    texts = fake_telegram.texts(PRIVATE_CHAT)
+    assert texts[-1].endswith("Stopped.")
+    assert NOTHING_TO_STOP_TEXT not in texts

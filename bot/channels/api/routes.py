@@ -243,7 +243,11 @@ def _final_event(turn: Turn) -> StreamEvent:
 async def _stored_events(
     request: web.Request, turn_id: str, offset: int
 ) -> AsyncIterator[StreamEvent]:
-    """Events of a turn this process is not streaming: finished, or run by another worker."""
+    """Events of a turn this process is not streaming: finished, or run by another worker.
+
+    A turn running on another worker is followed through its row, where that
+    worker saves the reply so far every ``bot.turns.partials`` interval.
+    """
     while True:
         async with request.app[SESSIONS]() as session:
             turn = await session.get(Turn, turn_id)
@@ -257,6 +261,10 @@ async def _stored_events(
             async for event in request.app[TURNS].streams.subscribe(turn_id, offset):
                 yield event
             return
+        so_far = turn.reply_text or ""
+        if len(so_far) > offset:
+            yield StreamEvent("delta", str(len(so_far)), {"text": so_far[offset:]})
+            offset = len(so_far)
         await asyncio.sleep(STORED_TURN_POLL_S)
 
 

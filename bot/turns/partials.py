@@ -1,0 +1,81 @@
+"""A running turn's reply so far, kept in its row for readers on other workers.
+
+With several workers (PostgreSQL) the client reading a turn's stream may be
+connected to a worker that is not running the turn: a reconnect that the load
+balancer sent elsewhere, or a message that waited behind a turn another worker
+was running. Such a reader polls the turn row (``bot.channels.api.routes``);
+saving the reply so far every ``PARTIAL_REPLY_INTERVAL_S`` lets it stream in
+steps of about that size instead of getting the whole reply at the end.
+
+The write is fenced like every write of a running turn: it only lands while
+the turn is running under this worker's lease. A single process (SQLite)
+streams every reader from memory and does not need it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable
+
+import structlog
+from sqlalchemy import update
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from bot.storage.models import Turn, TurnStatus
+
+log = structlog.get_logger(__name__)
+
+PARTIAL_REPLY_INTERVAL_S = 0.5
+
+
+class PartialReplies:
+    def __init__(
+        self,
+        sessions: async_sessionmaker[AsyncSession],
+        worker_id: str,
+        interval_s: float = PARTIAL_REPLY_INTERVAL_S,
+    ) -> None:
+        self._sessions = sessions
+        self.worker_id = worker_id
+        self.interval_s = interval_s
+
+    @contextlib.asynccontextmanager
+    async def saving(self, turn_id: str, reply_so_far: Callable[[], str]) -> AsyncIterator[None]:
+        """Save ``reply_so_far()`` every interval while the block runs (when it changed)."""
+        task = asyncio.create_task(self._save_while_running(turn_id, reply_so_far))
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _save_while_running(self, turn_id: str, reply_so_far: Callable[[], str]) -> None:
+        saved = ""
+        while True:
+            await asyncio.sleep(self.interval_s)
+            text = reply_so_far()
+            if text == saved:
+                continue
+            try:
+                if not await self.save(turn_id, text):
+                    return  # no longer ours (taken over) or no longer running
+            except Exception as exc:  # a database blink costs readers one step, not the turn
+                log.warning("partial_reply_not_saved", error=f"{type(exc).__name__}: {exc}")
+                continue
+            saved = text
+
+    async def save(self, turn_id: str, text: str) -> bool:
+        """Store ``text`` as the turn's reply so far; False when the turn is not ours to write."""
+        async with self._sessions() as session, session.begin():
+            result = await session.execute(
+                update(Turn)
+                .where(
+                    Turn.id == turn_id,
+                    Turn.status == TurnStatus.RUNNING,
+                    Turn.lease_owner == self.worker_id,
+                )
+                .values(reply_text=text)
+            )
+        return int(getattr(result, "rowcount", 0) or 0) == 1
