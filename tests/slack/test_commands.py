@@ -157,6 +157,21 @@ async def test_unsigned_or_stale_commands_get_401_and_change_nothing(
     assert conversation.closed_at is None
 
 
+async def test_slacks_ssl_check_gets_a_bare_200_even_unsigned(
+    slack_api: FakeSlackApi, make_client: MakeClient, sqlite_url: str
+) -> None:
+    client = await make_client(sqlite_url, slack=slack_section(slack_api.base_url))
+    # What Slack sends to check a command's Request URL: no command, no signature.
+    check = urlencode({"ssl_check": "1", "token": "verification-token"})
+    response = await client.post("/slack/commands", data=check, headers={"Content-Type": FORM})
+    assert response.status == 200 and await response.text() == ""
+    # The same field does not let an unsigned command through.
+    sneaky = urlencode({**command_form("/new"), "ssl_check": "1"})
+    response = await client.post("/slack/commands", data=sneaky, headers={"Content-Type": FORM})
+    assert response.status == 401
+    assert await conversations_in(sqlite_url) == []
+
+
 # -- /new --------------------------------------------------------------------------------
 
 

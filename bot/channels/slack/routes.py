@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import time
+from urllib.parse import parse_qs
 
 import aiohttp
 import structlog
@@ -44,6 +45,7 @@ from bot.channels.slack.events import (
 from bot.channels.slack.signing import SignedBody, pick_app, read_signed_body
 from bot.config import Settings
 from bot.errors import ErrorClass
+from bot.http.body import BodyError, read_body
 from bot.http.errors import json_error
 from bot.http.keys import REQUEST_RECEIVED_AT, REQUEST_STARTED
 from bot.turns.service import TurnService
@@ -157,6 +159,8 @@ class SlackCommands:
         self._max_body = settings.server.max_body_bytes
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
+        if await _is_ssl_check(request, self._max_body):
+            return web.Response(status=200)
         signed = await read_signed_body(request, self._channels, self._max_body)
         if not isinstance(signed, SignedBody):
             return signed
@@ -184,6 +188,23 @@ class SlackCommands:
             answer=answer.splitlines()[0],
         )
         return _ephemeral(answer)
+
+
+async def _is_ssl_check(request: web.Request, max_body: int) -> bool:
+    """Slack's periodic check of a command's Request URL (``ssl_check=1``, no command).
+
+    It carries nothing to act on and, as Slack's own Bolt framework assumes, may
+    come unsigned: it is answered 200 before the signature check, and nothing
+    else is done with it.
+    """
+    if request.content_type != FORM_CONTENT_TYPE:
+        return False
+    try:
+        raw = await read_body(request, max_body)  # aiohttp keeps it for the next read
+    except BodyError:
+        return False
+    fields = parse_qs(raw.decode("utf-8", errors="replace"))
+    return fields.get("ssl_check") == ["1"] and "command" not in fields
 
 
 def _ephemeral(text: str) -> web.Response:
