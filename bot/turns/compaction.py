@@ -116,11 +116,7 @@ def knows_reasoning_tags(tokenizer: Tokenizer, close_tag: str) -> bool:
     template = getattr(tokenizer, "chat_template", None)
     if isinstance(template, str) and close_tag in template:
         return True
-    get_vocab = getattr(tokenizer, "get_vocab", None)
-    if callable(get_vocab):
-        vocab: Any = get_vocab()
-        return isinstance(vocab, dict) and close_tag in vocab
-    return False
+    return tag_token_id(tokenizer, close_tag) is not None
 
 
 def pair_exchanges(rows: Sequence[tuple[int, str, str, str | None]]) -> list[Exchange]:
