@@ -59,8 +59,8 @@ FRESH_TURN_GRACE = dt.timedelta(seconds=2)
 """How long other workers' pollers leave a new, unleased turn to the worker that accepted it.
 
 That worker schedules the turn the moment it is stored and streams its reply
-to the reader it holds (SSE) as it is generated; a reader on one worker
-following a turn run by another only sees the reply whole, at the end.
+to the reader it holds (SSE) token by token; a reader on one worker following
+a turn run by another sees it only in the steps ``bot.turns.partials`` saves.
 """
 
 
