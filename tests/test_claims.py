@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import datetime as dt
+from typing import Any
 
 import pytest
 from sqlalchemy import update
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from bot.engine.vllm_local import LocalVLLMEngine
 from bot.storage import queries
@@ -19,6 +21,23 @@ from tests.engines import SlowEngine, TrickleEngine
 from tests.helpers import auth, read_sse
 
 
+async def add_turn(session: AsyncSession, conversation_key: str, **fields: Any) -> Turn:
+    """A turn of Alice's API conversation ``conversation_key``, added in ``session``."""
+    conversation = await queries.open_conversation(
+        session, owner="alice", channel="api", external_key=conversation_key
+    )
+    turn = Turn(
+        conversation_id=conversation.id,
+        seq=await queries.allocate_turn_seq(session, conversation.id),
+        channel="api",
+        user_text="hello",
+        **fields,
+    )
+    session.add(turn)
+    await session.flush()
+    return turn
+
+
 async def test_other_workers_leave_a_fresh_turn_to_the_worker_that_accepted_it(
     pg_url: str,
 ) -> None:
@@ -27,17 +46,7 @@ async def test_other_workers_leave_a_fresh_turn_to_the_worker_that_accepted_it(
     other = TurnClaims(sessions, worker_id="other", exclusive=False)
     try:
         async with sessions() as session, session.begin():
-            conversation = await queries.open_conversation(
-                session, owner="alice", channel="api", external_key="fresh"
-            )
-            turn = Turn(
-                conversation_id=conversation.id,
-                seq=await queries.allocate_turn_seq(session, conversation.id),
-                channel="api",
-                user_text="hello",
-                status=TurnStatus.QUEUED,
-            )
-            session.add(turn)
+            turn = await add_turn(session, "fresh", status=TurnStatus.QUEUED)
         # Just accepted: the accepting worker is claiming it; another poller looks away.
         assert await other.claimable_conversations() == []
 
@@ -48,8 +57,8 @@ async def test_other_workers_leave_a_fresh_turn_to_the_worker_that_accepted_it(
                 .where(Turn.id == turn.id)
                 .values(created_at=utcnow() - FRESH_TURN_GRACE - dt.timedelta(seconds=1))
             )
-        assert await other.claimable_conversations() == [conversation.id]
-        claimed = await other.claim_next(conversation.id)
+        assert await other.claimable_conversations() == [turn.conversation_id]
+        claimed = await other.claim_next(turn.conversation_id)
         assert claimed is not None and claimed.id == turn.id
         assert claimed.lease_owner == "other"
     finally:
@@ -94,24 +103,18 @@ async def test_leases_are_judged_on_the_database_clock_not_a_skewed_host_clock(
     try:
         async with sessions() as session, session.begin():
             db_now = await database_now(session)
-            conversation = await queries.open_conversation(
-                session, owner="alice", channel="api", external_key="skew"
-            )
-            turn = Turn(
-                conversation_id=conversation.id,
-                seq=await queries.allocate_turn_seq(session, conversation.id),
-                channel="api",
-                user_text="hello",
+            turn = await add_turn(
+                session,
+                "skew",
                 status=TurnStatus.RUNNING,
                 lease_owner="healthy-worker",
                 lease_expires_at=db_now + dt.timedelta(seconds=20),
             )
-            session.add(turn)
         # This host's clock runs an hour ahead: by it, the healthy worker's lease is long gone.
         monkeypatch.setattr(claims_module, "utcnow", lambda: db_now + dt.timedelta(hours=1))
         skewed = TurnClaims(sessions, worker_id="skewed", lease_s=30, exclusive=False)
         assert await skewed.claimable_conversations() == []
-        assert await skewed.claim_next(conversation.id) is None
+        assert await skewed.claim_next(turn.conversation_id) is None
 
         # Its renewals are on the database's clock too: 30 s from the database's now.
         async with sessions() as session, session.begin():
@@ -155,18 +158,7 @@ async def test_the_reply_so_far_is_saved_only_under_the_turns_lease(pg_url: str)
     sessions = create_sessionmaker(engine)
     try:
         async with sessions() as session, session.begin():
-            conversation = await queries.open_conversation(
-                session, owner="alice", channel="api", external_key="partial"
-            )
-            turn = Turn(
-                conversation_id=conversation.id,
-                seq=await queries.allocate_turn_seq(session, conversation.id),
-                channel="api",
-                user_text="hello",
-                status=TurnStatus.RUNNING,
-                lease_owner="w1",
-            )
-            session.add(turn)
+            turn = await add_turn(session, "partial", status=TurnStatus.RUNNING, lease_owner="w1")
         assert await PartialReplies(sessions, "w1").save(turn.id, "Hel") is True
         # Another worker (this one's lease ran out and it took over) is not overwritten.
         assert await PartialReplies(sessions, "w2").save(turn.id, "Hello from w2") is False

@@ -27,9 +27,9 @@ import pytest
 from sqlalchemy import select
 
 from bot.storage.db import create_engine, create_sessionmaker
-from bot.storage.models import Message, Turn, TurnStatus
+from bot.storage.models import Message, TurnStatus
 from tests.conftest import issue_key, migrate
-from tests.helpers import auth
+from tests.helpers import auth, load_turns
 from tests.vllm_servers import API_KEY, SERVED_MODEL_NAME, VLLMServer, free_port
 
 pytestmark = pytest.mark.postgres
@@ -121,15 +121,6 @@ def stop_workers() -> Iterator[list[Worker]]:
                 worker.process.wait(15)
             except subprocess.TimeoutExpired:
                 os.killpg(worker.process.pid, signal.SIGKILL)
-
-
-async def load_turns(db_url: str) -> list[Turn]:
-    engine = create_engine(db_url)
-    try:
-        async with create_sessionmaker(engine)() as session:
-            return list((await session.scalars(select(Turn).order_by(Turn.created_at))).all())
-    finally:
-        await engine.dispose()
 
 
 async def messages_per_turn(db_url: str) -> Counter[str]:

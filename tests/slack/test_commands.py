@@ -36,6 +36,7 @@ from bot.storage.models import Conversation
 from tests.conftest import MakeClient
 from tests.engines import SlowEngine
 from tests.fakes.slack_api import FakeSlackApi
+from tests.helpers import load_turns
 from tests.slack.conftest import APP_ID, FIXTURES, SIGNING_SECRET, TEAM, load_fixture
 from tests.slack.test_e2e import (
     CHANNEL,
@@ -45,7 +46,6 @@ from tests.slack.test_e2e import (
     mention,
     post_event,
     slack_section,
-    turns_in,
 )
 
 COMMAND_FIXTURE = FIXTURES / "slash_command_new_in_dm.txt"
@@ -185,7 +185,7 @@ async def test_new_in_a_dm_starts_a_fresh_conversation(
     await post_event(client, dm_message("Ev1101DM", "1700000200.000300", "who am I?"))
     await idle(client)
 
-    first, second = await turns_in(sqlite_url)
+    first, second = await load_turns(sqlite_url)
     assert first.conversation_id != second.conversation_id
     assert (first.status, second.status) == ("done", "done")
     closed, fresh = await conversations_in(sqlite_url)
@@ -215,7 +215,7 @@ async def test_stop_cancels_the_reply_being_written_in_a_dm(
     assert await post_command(client, command_form("/stop")) == (200, ephemeral(STOPPING_TEXT))
     await idle(client)
 
-    [turn] = await turns_in(sqlite_url)
+    [turn] = await load_turns(sqlite_url)
     assert (turn.status, turn.error_class) == ("failed", "cancelled")
     assert await post_command(client, command_form("/stop")) == (
         200,
@@ -232,7 +232,7 @@ async def test_stop_with_nothing_running_says_so(
     await post_event(client, dm_message("Ev1300DM", "1700000100.000300", "hello"))
     await idle(client)
     assert await post_command(client, command_form("/stop")) == nothing
-    [turn] = await turns_in(sqlite_url)
+    [turn] = await load_turns(sqlite_url)
     assert turn.status == "done"
 
 

@@ -13,14 +13,12 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient
 from slack_sdk.signature import SignatureVerifier
-from sqlalchemy import func, select
 
 from bot.channels.slack.mrkdwn import markdown_to_mrkdwn
 from bot.http.keys import TURNS
-from bot.storage.db import create_engine, create_sessionmaker
-from bot.storage.models import InboundEvent, Turn
 from tests.conftest import MakeClient
 from tests.fakes.slack_api import FakeSlackApi
+from tests.helpers import count_rows, load_turns
 from tests.slack.conftest import APP_ID, SIGNING_SECRET, TOKEN, load_fixture
 
 CHANNEL = "C0001CHAN"
@@ -79,24 +77,6 @@ async def idle(client: TestClient[Any, Any]) -> None:
     await client.server.app[TURNS].wait_idle(timeout=120)
 
 
-async def turns_in(db_url: str) -> list[Turn]:
-    engine = create_engine(db_url)
-    try:
-        async with create_sessionmaker(engine)() as session:
-            return list((await session.scalars(select(Turn).order_by(Turn.created_at))).all())
-    finally:
-        await engine.dispose()
-
-
-async def events_in(db_url: str) -> int:
-    engine = create_engine(db_url)
-    try:
-        async with create_sessionmaker(engine)() as session:
-            return int(await session.scalar(select(func.count()).select_from(InboundEvent)) or 0)
-    finally:
-        await engine.dispose()
-
-
 def mention(
     event_id: str, ts: str, *, thread_ts: str | None = None, user: str = "U0001ALICE"
 ) -> dict[str, Any]:
@@ -147,8 +127,8 @@ async def test_unsigned_or_replayed_requests_get_401_and_store_nothing(
         status = response.status
     assert status == 401
     await idle(client)
-    assert await events_in(sqlite_url) == 0
-    assert await turns_in(sqlite_url) == []
+    assert (await count_rows(sqlite_url))["inbound_events"] == 0
+    assert await load_turns(sqlite_url) == []
     assert slack_api.calls == []
 
 
@@ -161,7 +141,7 @@ async def test_a_request_inside_the_window_is_accepted(
     )
     assert status == 200
     await idle(client)
-    assert len(await turns_in(sqlite_url)) == 1
+    assert len(await load_turns(sqlite_url)) == 1
 
 
 # -- dedupe ------------------------------------------------------------------------------
@@ -178,7 +158,7 @@ async def test_three_retries_are_acknowledged_and_answered_once(
         assert status == 200
         timings.append(took)
     await idle(client)
-    assert len(await turns_in(db_url)) == 1
+    assert len(await load_turns(db_url)) == 1
     assert len(slack_api.thread(CHANNEL, THREAD)) == 1
     assert len(slack_api.calls_to("chat.startStream")) == 1
     assert max(timings) < ACK_BUDGET_S
@@ -193,7 +173,7 @@ async def test_a_retry_whose_first_delivery_was_lost_is_answered(
         status, _, _ = await post_event(client, body, retry_num=retry)
         assert status == 200
     await idle(client)
-    [turn] = await turns_in(sqlite_url)
+    [turn] = await load_turns(sqlite_url)
     assert turn.status == "done"
     [message] = slack_api.thread(CHANNEL, THREAD)
     assert message.text == turn.reply_text
@@ -216,7 +196,7 @@ async def test_a_thread_is_one_conversation_with_named_speakers(
     await post_event(client, mention("Ev0302C", "1700000999.000300"))
     await idle(client)
 
-    first, second, other = await turns_in(sqlite_url)
+    first, second, other = await load_turns(sqlite_url)
     assert first.conversation_id == second.conversation_id != other.conversation_id
     assert (first.user_name, second.user_name) == ("Alice", "Bob")
     assert first.user_text == "what is a river & where does it go?"
@@ -243,7 +223,7 @@ async def test_dms_are_one_conversation_without_names(
         status, _, _ = await post_event(client, body)
         assert status == 200
         await idle(client)
-    first, second = await turns_in(sqlite_url)
+    first, second = await load_turns(sqlite_url)
     assert first.conversation_id == second.conversation_id
     assert first.user_name is None and second.user_name is None
     # Update mode in a DM: plain top-level replies (an all-blank reply is never posted).
@@ -274,8 +254,8 @@ async def test_own_and_other_bot_messages_never_start_a_turn(
         status, _, _ = await post_event(client, load_fixture(name))
         assert status == 200, name
     await idle(client)
-    assert len(await turns_in(sqlite_url)) == 1
-    assert await events_in(sqlite_url) == 1
+    assert len(await load_turns(sqlite_url)) == 1
+    assert (await count_rows(sqlite_url))["inbound_events"] == 1
     assert len(slack_api.calls) == calls
 
 
@@ -296,7 +276,7 @@ async def test_reply_reaches_the_thread_with_either_api(
     )
     await post_event(client, mention("Ev0500MODE", THREAD))
     await idle(client)
-    [turn] = await turns_in(sqlite_url)
+    [turn] = await load_turns(sqlite_url)
     assert turn.status == "done", turn.error_message
     [message] = slack_api.thread(CHANNEL, THREAD)
     if mode == "stream":
@@ -323,7 +303,7 @@ async def test_429_from_slack_is_waited_out(
     )
     await post_event(client, mention("Ev0600RATE", THREAD))
     await idle(client)
-    [turn] = await turns_in(sqlite_url)
+    [turn] = await load_turns(sqlite_url)
     assert turn.status == "done", turn.error_message
     assert [c for c in slack_api.calls if c.status == 429], "no 429 provoked"
     assert slack_api.violations == 0
@@ -345,7 +325,7 @@ async def test_long_reply_continues_in_further_messages(
     )
     await post_event(client, mention("Ev0700LONG", THREAD))
     await idle(client)
-    [turn] = await turns_in(sqlite_url)
+    [turn] = await load_turns(sqlite_url)
     assert turn.status == "done", turn.error_message
     reply = turn.reply_text or ""
     # The random demo model stops where it likes: the limit is set low enough to split anyway.
@@ -367,7 +347,7 @@ async def test_revoked_token_fails_the_turn_as_auth(
     status, _, _ = await post_event(client, mention("Ev0800AUTH", THREAD))
     assert status == 200
     await idle(client)
-    [turn] = await turns_in(sqlite_url)
+    [turn] = await load_turns(sqlite_url)
     assert (turn.status, turn.error_class) == ("failed", "auth")
     assert slack_api.thread(CHANNEL, THREAD) == []
 
@@ -379,7 +359,7 @@ async def test_missing_channel_fails_the_turn_as_delivery(
     slack_api.channel_errors[CHANNEL] = "not_in_channel"
     await post_event(client, mention("Ev0801GONE", THREAD))
     await idle(client)
-    [turn] = await turns_in(sqlite_url)
+    [turn] = await load_turns(sqlite_url)
     assert (turn.status, turn.error_class) == ("failed", "delivery")
 
 
@@ -403,11 +383,11 @@ async def test_each_app_answers_its_own_events_with_its_own_token(
     status, _, _ = await post_event(client, body)
     assert status == 200
     await idle(client)
-    assert await turns_in(sqlite_url) == []
+    assert await load_turns(sqlite_url) == []
     status, _, _ = await post_event(client, body, secret="second-app-signing-secret")
     assert status == 200
     await idle(client)
-    [turn] = await turns_in(sqlite_url)
+    [turn] = await load_turns(sqlite_url)
     assert (turn.channel, turn.status) == ("slack:second", "done")
     assert {c.team_id for c in slack_api.calls} == {"T0002OTHER"}
 
@@ -428,8 +408,8 @@ async def test_a_message_over_the_length_limit_is_declined_once_in_its_thread(
         assert status == 200
     await idle(client)
 
-    assert await turns_in(sqlite_url) == []
-    assert await events_in(sqlite_url) == 0
+    assert await load_turns(sqlite_url) == []
+    assert (await count_rows(sqlite_url))["inbound_events"] == 0
     # Apologies are posted in italics.
     assert slack_api.thread_text(CHANNEL, THREAD) == [
         "_Sorry, your message is too long for me (150 characters; the limit is 100). "
@@ -450,7 +430,7 @@ async def test_a_message_over_the_rate_limit_is_told_when_to_come_back(
     await post_event(client, mention("Ev0911SECOND", "1700000060.000200", thread_ts=THREAD))
     await idle(client)
 
-    [turn] = await turns_in(sqlite_url)
+    [turn] = await load_turns(sqlite_url)
     assert turn.status == "done"
     reply, notice = slack_api.thread_text(CHANNEL, THREAD)
     assert reply == turn.reply_text
