@@ -107,60 +107,54 @@ def from_status(
     )
 
 
+# Transport failures, most specific first (the first three are ClientConnectorErrors):
+# each means the replica is unreachable or unwell, so another replica may serve.
+_TRANSPORT_FAILURES: tuple[
+    tuple[type[BaseException] | tuple[type[BaseException], ...], ErrorClass, str, str], ...
+] = (
+    (
+        aiohttp.ClientProxyConnectionError,
+        ErrorClass.NETWORK,
+        "proxy failed for {url}",
+        "check HTTP(S)_PROXY / NO_PROXY for the engine's address",
+    ),
+    (
+        aiohttp.ClientConnectorDNSError,
+        ErrorClass.NETWORK,
+        "cannot resolve {url}",
+        "check the host name in engine.base_urls (DNS)",
+    ),
+    (
+        aiohttp.ClientConnectorError,
+        ErrorClass.NETWORK,
+        "cannot connect to {url}",
+        "is the vLLM server running? check engine.base_urls (host and port)",
+    ),
+    (
+        (asyncio.TimeoutError, aiohttp.ServerTimeoutError),
+        ErrorClass.TIMEOUT,
+        "{url} did not answer in time",
+        "the replica is overloaded or hung; engine.request_timeout_s bounds the wait",
+    ),
+    (
+        # Disconnected mid-answer, reset, truncated payload: the server went away.
+        aiohttp.ClientError,
+        ErrorClass.ENGINE_UNAVAILABLE,
+        "{url} dropped the connection",
+        "the vLLM server restarted or crashed: see its own log",
+    ),
+)
+
+
 def from_exception(exc: BaseException, base_url: str) -> RemoteFailure:
     """Classify a transport failure talking to ``base_url``."""
     detail = f"{type(exc).__name__}: {exc}"
-    if isinstance(exc, aiohttp.ClientProxyConnectionError):
-        return RemoteFailure(
-            EngineError(
-                ErrorClass.NETWORK,
-                f"proxy failed for {base_url}: {detail}",
-                hint="check HTTP(S)_PROXY / NO_PROXY for the engine's address",
-            ),
-            failover=True,
-            trips_breaker=True,
-        )
-    if isinstance(exc, aiohttp.ClientConnectorDNSError):
-        return RemoteFailure(
-            EngineError(
-                ErrorClass.NETWORK,
-                f"cannot resolve {base_url}: {detail}",
-                hint="check the host name in engine.base_urls (DNS)",
-            ),
-            failover=True,
-            trips_breaker=True,
-        )
-    if isinstance(exc, aiohttp.ClientConnectorError):
-        return RemoteFailure(
-            EngineError(
-                ErrorClass.NETWORK,
-                f"cannot connect to {base_url}: {detail}",
-                hint="is the vLLM server running? check engine.base_urls (host and port)",
-            ),
-            failover=True,
-            trips_breaker=True,
-        )
-    if isinstance(exc, (asyncio.TimeoutError, aiohttp.ServerTimeoutError)):
-        return RemoteFailure(
-            EngineError(
-                ErrorClass.TIMEOUT,
-                f"{base_url} did not answer in time: {detail}",
-                hint="the replica is overloaded or hung; engine.request_timeout_s bounds the wait",
-            ),
-            failover=True,
-            trips_breaker=True,
-        )
-    if isinstance(exc, aiohttp.ClientError):
-        # Disconnected mid-answer, reset, truncated payload: the server went away.
-        return RemoteFailure(
-            EngineError(
-                ErrorClass.ENGINE_UNAVAILABLE,
-                f"{base_url} dropped the connection: {detail}",
-                hint="the vLLM server restarted or crashed: see its own log",
-            ),
-            failover=True,
-            trips_breaker=True,
-        )
+    for types, error_class, what, hint in _TRANSPORT_FAILURES:
+        if isinstance(exc, types):
+            message = f"{what.format(url=base_url)}: {detail}"
+            return RemoteFailure(
+                EngineError(error_class, message, hint=hint), failover=True, trips_breaker=True
+            )
     return RemoteFailure(
         EngineError(ErrorClass.INTERNAL, f"talking to {base_url}: {detail}"),
         failover=False,
