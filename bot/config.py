@@ -116,6 +116,9 @@ class WorkerSettings(_Section):
     """A running turn's lease; renewed every lease_s / 3; another worker takes over after it."""
     poll_interval_s: float = Field(1.0, gt=0)
     """How often a worker looks for turns accepted elsewhere or left by a dead worker."""
+    watchdog_grace_s: float = Field(10.0, gt=0)
+    """A turn ``running`` in this process with no live generation for this long is failed
+    (``internal``) by the watchdog; only a final write the database refused for good leaves one."""
 
 
 class GenerationSettings(_Section):

@@ -9,16 +9,23 @@ import pytest
 from sqlalchemy import update
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from bot.channels.base import ReplySink, TurnAddress
 from bot.engine.vllm_local import LocalVLLMEngine
 from bot.storage import queries
 from bot.storage.db import create_engine, create_sessionmaker
 from bot.storage.models import Turn, TurnStatus, utcnow
 from bot.turns import claims as claims_module
 from bot.turns.claims import FRESH_TURN_GRACE, TurnClaims, database_now
+from bot.turns.ending import TurnEndings
 from bot.turns.partials import PartialReplies
+from bot.turns.streams import TurnStreams
 from tests.conftest import MakeClient, issue_key
 from tests.engines import SlowEngine, TrickleEngine
 from tests.helpers import auth, read_sse
+
+
+def _no_channel(address: TurnAddress) -> ReplySink:
+    raise LookupError(f"no channel for {address.channel}")
 
 
 async def add_turn(session: AsyncSession, conversation_key: str, **fields: Any) -> Turn:
@@ -117,6 +124,8 @@ async def test_leases_are_judged_on_the_database_clock_not_a_skewed_host_clock(
         assert await skewed.claim_next(turn.conversation_id) is None
 
         # Its renewals are on the database's clock too: 30 s from the database's now.
+        # (Only a turn whose generation lives in this process keeps its lease.)
+        skewed.bind(_no_channel, TurnEndings(sessions, TurnStreams()), lambda: {turn.id})
         async with sessions() as session, session.begin():
             await session.execute(
                 update(Turn).where(Turn.id == turn.id).values(lease_owner="skewed")

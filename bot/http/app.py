@@ -87,6 +87,7 @@ async def create_app(
     http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30))
     app[HTTP_CLIENT] = http
     metrics = ops.setup(app)
+    turns.endings.observers.append(metrics.observe_turn)
 
     async def lifetime(app: web.Application) -> AsyncIterator[None]:
         if owns_engine:
@@ -115,7 +116,7 @@ async def create_app(
                         else PartialReplies(sessions, turns.claims.worker_id)
                     ),
                 ),
-                observers=[metrics.observe_turn],
+                endings=turns.endings,
                 cancellations=turns.cancellations,
             )
         )

@@ -30,6 +30,7 @@ import datetime as dt
 import fcntl
 import os
 import socket
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -43,11 +44,11 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from bot.channels.base import ReplySink, TurnAddress
 from bot.config import WorkerSettings
-from bot.errors import USER_MESSAGES, ErrorClass
+from bot.errors import ErrorClass
 from bot.storage.db import is_sqlite
 from bot.storage.models import Turn, TurnStatus, utcnow
 from bot.storage.queries import as_utc
-from bot.turns.streams import TurnStreams
+from bot.turns.ending import TurnEnd, TurnEndings, apply_to_row
 
 log = structlog.get_logger(__name__)
 
@@ -55,6 +56,12 @@ OPEN_STATUSES = (TurnStatus.QUEUED, TurnStatus.RUNNING)
 INTERRUPTED_APOLOGY = "Sorry, I was restarted while answering. Please ask again."
 POLL_BATCH = 200
 CLAIM_RETRIES = 3
+WATCHDOG_GRACE_S = 10.0
+"""How long a turn may stay ``running`` here with no live generation before the watchdog fails it.
+
+Only a bug or a final write the database refused for good leaves one; the
+claim of the conversation's next turn fails it at once, and the watchdog
+catches the rest (a conversation with no next turn yet)."""
 FRESH_TURN_GRACE = dt.timedelta(seconds=2)
 """How long other workers' pollers leave a new, unleased turn to the worker that accepted it.
 
@@ -101,6 +108,7 @@ class TurnClaims:
         lease_s: float = 30.0,
         poll_interval_s: float = 1.0,
         exclusive: bool = True,
+        watchdog_grace_s: float = WATCHDOG_GRACE_S,
     ) -> None:
         self._sessions = sessions
         self.worker_id = worker_id or default_worker_id()
@@ -112,12 +120,22 @@ class TurnClaims:
         self._started_here: dict[str, str] = {}
         """Exclusive mode: conversation -> the turn this process last handed out."""
         self._open_reply: Callable[[TurnAddress], ReplySink] | None = None
-        self._streams: TurnStreams | None = None
+        self._endings: TurnEndings | None = None
+        self._live: Callable[[], set[str]] = set
+        self.watchdog_grace_s = watchdog_grace_s
+        self._dead_since: dict[str, float] = {}
 
-    def bind(self, open_reply: Callable[[TurnAddress], ReplySink], streams: TurnStreams) -> None:
-        """Where apologies for interrupted turns go (the service's channels and streams)."""
+    def bind(
+        self,
+        open_reply: Callable[[TurnAddress], ReplySink],
+        endings: TurnEndings,
+        live_turn_ids: Callable[[], set[str]],
+    ) -> None:
+        """Where interrupted turns end (the service's channels and endings), and which turns
+        have a live generation in this process (only those keep their leases)."""
         self._open_reply = open_reply
-        self._streams = streams
+        self._endings = endings
+        self._live = live_turn_ids
 
     # -- claiming ----------------------------------------------------------------------
 
@@ -166,7 +184,7 @@ class TurnClaims:
             if lease.held_by_other(self.worker_id, now):
                 return "busy", None
             if turn.status == TurnStatus.RUNNING:
-                if lease.owner == self.worker_id:
+                if lease.owner == self.worker_id and turn.id in self._live():
                     return "busy", None  # running here (its renewal may just be late)
                 self._mark_interrupted(turn, lease.owner)
                 return "interrupted", turn
@@ -194,9 +212,10 @@ class TurnClaims:
             if turn.status == TurnStatus.QUEUED:
                 self._started_here[conversation_id] = turn.id
                 return "claimed", turn
-            if self._started_here.get(conversation_id) == turn.id:
+            if self._started_here.get(conversation_id) == turn.id and turn.id in self._live():
                 return "busy", None
-        # Running, but not started by this process: a previous run died with it.
+        # Running, but with no live generation here: a previous run died with it, or
+        # its final write was refused for good.
         async with self._sessions() as session, session.begin():
             row = await session.get(Turn, turn.id)
             if row is None or row.status != TurnStatus.RUNNING:
@@ -204,44 +223,83 @@ class TurnClaims:
             self._mark_interrupted(row, row.lease_owner)
         return "interrupted", row
 
-    def _mark_interrupted(self, turn: Turn, owner: str | None) -> None:
-        turn.status = TurnStatus.FAILED
-        turn.error_class = ErrorClass.INTERNAL.value
+    def _mark_interrupted(self, turn: Turn, owner: str | None, why: str | None = None) -> None:
         who = f"worker {owner}" if owner else "the previous run"
-        turn.error_message = f"interrupted: {who} stopped while running it"
-        turn.finished_at = utcnow()
-        turn.lease_owner = None
-        turn.lease_expires_at = None
+        message = why or f"interrupted: {who} stopped while running it"
+        # What it said so far (saved for readers elsewhere) stays with it.
+        apply_to_row(turn, self._interrupted_end(turn, message))
+
+    def _interrupted_end(self, turn: Turn, message: str) -> TurnEnd:
+        return TurnEnd.failed(
+            ErrorClass.INTERNAL,
+            message,
+            text=turn.reply_text or "",
+            timings_ms=dict(turn.layer_ms or {}),
+            log_fields={"taken_over_by": self.worker_id},
+        )
 
     async def _apologise(self, turn: Turn) -> None:
         """The one final answer of an interrupted turn: an apology, on its channel and stream."""
+        assert self._endings is not None, "bind() before claiming"
+        end = self._interrupted_end(turn, turn.error_message or "interrupted")
+        if turn.id in self._endings.abandoned:
+            # This process already failed it visibly (apology, stream, log line) when its
+            # final write was refused; the row has now caught up.
+            self._endings.abandoned.discard(turn.id)
+            log.info("turn_recorded_late", turn_id=turn.id)
+            return
         if self._open_reply is not None:
+            address = TurnAddress(turn.id, turn.conversation_id, turn.channel, dict(turn.reply_to))
             try:
-                address = TurnAddress(
-                    turn.id, turn.conversation_id, turn.channel, dict(turn.reply_to)
-                )
-                await self._open_reply(address).fail(ErrorClass.INTERNAL, INTERRUPTED_APOLOGY)
+                sink = self._open_reply(address)
             except Exception as exc:
                 log.warning("apology_not_delivered", turn_id=turn.id, error=str(exc))
-        if self._streams is not None and self._streams.has(turn.id):
-            await self._streams.close(
-                turn.id,
-                "error",
-                {
-                    "turn_id": turn.id,
-                    "error_class": ErrorClass.INTERNAL.value,
-                    "message": USER_MESSAGES[ErrorClass.INTERNAL],
-                },
+            else:
+                await self._endings.apologise(sink, end, message=INTERRUPTED_APOLOGY)
+        await self._endings.announce(turn, end)
+
+    # -- watchdog ----------------------------------------------------------------------
+
+    async def reap_dead(self, schedule: Callable[[str], None]) -> list[str]:
+        """Fail turns left ``running`` here with no live generation for ``watchdog_grace_s``.
+
+        Returns the ids it failed; their conversations are scheduled again.
+        """
+        query = select(Turn.id).where(Turn.status == TurnStatus.RUNNING)
+        if not self.exclusive:
+            query = query.where(Turn.lease_owner == self.worker_id)
+        async with self._sessions() as session:
+            running = set(await session.scalars(query))
+        now = time.monotonic()
+        dead = running - self._live()
+        self._dead_since = {turn_id: self._dead_since.get(turn_id, now) for turn_id in dead}
+        failed = []
+        for turn_id, since in list(self._dead_since.items()):
+            if now - since < self.watchdog_grace_s:
+                continue
+            turn = await self._fail_dead(turn_id)
+            self._dead_since.pop(turn_id, None)
+            if turn is not None:
+                failed.append(turn_id)
+                self._started_here.pop(turn.conversation_id, None)
+                schedule(turn.conversation_id)
+        return failed
+
+    async def _fail_dead(self, turn_id: str) -> Turn | None:
+        async with self._sessions() as session, session.begin():
+            turn = await session.get(Turn, turn_id, with_for_update=True)
+            if turn is None or turn.status != TurnStatus.RUNNING or turn_id in self._live():
+                return None
+            if not self.exclusive and turn.lease_owner != self.worker_id:
+                return None
+            self._mark_interrupted(
+                turn,
+                self.worker_id,
+                why=f"watchdog: running for {self.watchdog_grace_s:g} s with no live generation",
             )
-        log.info(
-            "turn",
-            turn_id=turn.id,
-            conversation_id=turn.conversation_id,
-            status=TurnStatus.FAILED,
-            error_class=ErrorClass.INTERNAL.value,
-            error=turn.error_message,
-            taken_over_by=self.worker_id,
-        )
+        log.error("turn_watchdog_failed", turn_id=turn_id, conversation_id=turn.conversation_id)
+        await self._apologise(turn)
+        return turn
 
     # -- finding work ------------------------------------------------------------------
 
@@ -326,11 +384,20 @@ class TurnClaims:
         ]
 
     async def renew(self) -> int:
-        """Push out the expiry of every lease this worker holds; returns how many."""
+        """Push out the expiry of the leases this worker still uses; returns how many.
+
+        A running turn keeps its lease only while its generation lives here: one
+        whose final write failed must not keep other workers away for good.
+        """
+        live = self._live()
+        in_use = Turn.status == TurnStatus.QUEUED
+        if live:
+            in_use = in_use | Turn.id.in_(live)
         async with self._sessions() as session, session.begin():
             result = await session.execute(
                 update(Turn)
                 .where(Turn.lease_owner == self.worker_id, Turn.status.in_(OPEN_STATUSES))
+                .where(in_use)
                 .values(lease_expires_at=self._lease_expiry())
             )
         return int(getattr(result, "rowcount", 0) or 0)
@@ -356,6 +423,7 @@ class TurnClaims:
         while True:
             await asyncio.sleep(self.poll_interval_s)
             try:
+                await self.reap_dead(schedule)
                 for conversation_id in await self.claimable_conversations():
                     schedule(conversation_id)
                 if not self.exclusive:
@@ -426,4 +494,5 @@ def build_claims(
         lease_s=settings.lease_s,
         poll_interval_s=settings.poll_interval_s,
         exclusive=is_sqlite(database_url),
+        watchdog_grace_s=settings.watchdog_grace_s,
     )

@@ -12,15 +12,16 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Sequence
-from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from bot.storage.models import Turn, TurnStatus
 from bot.turns.chat_format import user_content
+from bot.turns.ending import TurnEnd, apply_to_row
 
 SEPARATOR = "\n\n"
+COALESCED = "coalesced"
 
 
 async def claim_pending(session: AsyncSession, answering: Turn) -> list[Turn]:
@@ -41,10 +42,8 @@ async def claim_pending(session: AsyncSession, answering: Turn) -> list[Turn]:
     ).all()
     now = dt.datetime.now(dt.UTC)
     for turn in pending:
-        turn.status = TurnStatus.DONE
-        turn.coalesced_into = answering.id
+        apply_to_row(turn, coalesced_end(turn, answering.id), now=now)
         turn.started_at = now
-        turn.finished_at = now
     return list(pending)
 
 
@@ -53,13 +52,13 @@ def combined_content(answering: Turn, covered: Sequence[Turn]) -> str:
     return SEPARATOR.join(user_content(t.user_text, t.user_name) for t in (answering, *covered))
 
 
-def coalesced_event(covered: Turn, answering_id: str) -> dict[str, Any]:
-    """The ``done`` event that ends a covered turn's stream."""
-    return {
-        "turn_id": covered.id,
-        "text": "",
-        "coalesced_into": answering_id,
-        "usage": {"prompt_tokens": 0, "cached_tokens": 0, "new_tokens": 0, "completion_tokens": 0},
-        "finish_reason": "coalesced",
-        "timings_ms": {},
-    }
+def coalesced_end(covered: Turn, answering_id: str) -> TurnEnd:
+    """How a covered turn ends: done, no reply of its own, pointing at the answering turn."""
+    return TurnEnd(
+        TurnStatus.DONE,
+        prompt_tokens=0,
+        cached_tokens=0,
+        completion_tokens=0,
+        finish_reason=COALESCED,
+        coalesced_into=answering_id,
+    )

@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime as dt
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import structlog
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -21,13 +19,15 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from bot.channels.base import ReplySink, TurnAddress, UsageAwareSink
 from bot.config import GenerationSettings
 from bot.engine.base import GenerationChunk, GenerationRequest, InferenceEngine
-from bot.errors import USER_MESSAGES, BotError, ContextOverflow, ErrorClass
+from bot.errors import BotError, ContextOverflow, ErrorClass
 from bot.storage.models import Message, Turn, TurnStatus, utcnow
 from bot.storage.queries import History, as_utc, load_history
+from bot.storage.text import storable
 from bot.storage.tokens import pack_token_ids
 from bot.turns.cancellation import Cancellations
 from bot.turns.chat_format import ChatFormat, UserTurn
-from bot.turns.coalescing import claim_pending, coalesced_event, combined_content
+from bot.turns.coalescing import claim_pending, coalesced_end, combined_content
+from bot.turns.ending import TurnEnd, TurnEndings, timings_of, usage
 from bot.turns.policy import TurnPolicy
 from bot.turns.streams import TurnStreams
 from bot.turns.timing import LayerClock
@@ -35,8 +35,6 @@ from bot.turns.timing import LayerClock
 log = structlog.get_logger("bot.turn")
 
 OpenReply = Callable[[TurnAddress], ReplySink]
-TurnObserver = Callable[[dict[str, Any]], None]
-"""Called with the fields of every canonical ``turn`` line (metrics hook in here)."""
 
 
 @dataclass
@@ -66,7 +64,7 @@ class TurnRunner:
         streams: TurnStreams,
         generation: GenerationSettings,
         open_reply: OpenReply,
-        observers: list[TurnObserver] | None = None,
+        endings: TurnEndings,
         policy: TurnPolicy | None = None,
         cancellations: Cancellations | None = None,
     ) -> None:
@@ -79,10 +77,14 @@ class TurnRunner:
         self._streams = streams
         self._generation = generation
         self._open_reply = open_reply
-        self.observers: list[TurnObserver] = list(observers or [])
+        self._endings = endings
 
     async def run(self, turn_id: str, *, persist_ms: float | None = None) -> None:
-        """Run a queued turn to its end (done or failed). Never raises for turn failures."""
+        """Run a queued turn to its end (done or failed). Never raises for turn failures.
+
+        Only the start (queued -> running) may raise, a database error before the
+        turn began: it stays queued and its conversation's worker tries again.
+        """
         async with self._sessions() as session:
             # Locked: a cancel of the queued turn (``TurnService.cancel_turn``) either
             # lands first, and the turn never runs, or finds it running.
@@ -94,7 +96,7 @@ class TurnRunner:
             covered = await claim_pending(session, turn) if self.policy.coalesce else []
             await session.commit()
         for other in covered:
-            await self._streams.close(other.id, "done", coalesced_event(other, turn.id))
+            await self._endings.announce(other, coalesced_end(other, turn.id))
 
         clock = LayerClock(turn.layer_ms)
         if persist_ms is not None:
@@ -110,44 +112,46 @@ class TurnRunner:
             turn_id=turn.id, conversation_id=turn.conversation_id
         )
         self._streams.open(turn.id)
-        sink = self._open_reply(
-            TurnAddress(turn.id, turn.conversation_id, turn.channel, dict(turn.reply_to))
-        )
         progress = _Progress(covered=covered)
-        # Generation runs as its own task: a stop request cancels it and nothing else,
-        # so the final write below is never cut off (``bot.turns.cancellation``).
-        generation = asyncio.create_task(self._generate(turn, sink, clock, progress))
+        sink: ReplySink | None = None
         try:
-            with self.cancellations.generating(turn.id, generation):
-                await generation
-        except asyncio.CancelledError:
-            current = asyncio.current_task()
-            if current is not None and current.cancelling():
+            sink = self._open_reply(
+                TurnAddress(turn.id, turn.conversation_id, turn.channel, dict(turn.reply_to))
+            )
+            # Generation runs as its own task: a stop request cancels it and nothing else,
+            # so the final write below is never cut off (``bot.turns.cancellation``).
+            generation = asyncio.create_task(self._generate(turn, sink, clock, progress))
+            try:
+                with self.cancellations.generating(turn.id, generation):
+                    await generation
+            except asyncio.CancelledError:
+                current = asyncio.current_task()
+                if current is None or not current.cancelling():
+                    raise  # the generation was stopped: recorded as cancelled below
                 # This task itself was cancelled (shutdown past its grace): stop the
                 # generation too and record the turn as cancelled all the same.
                 current.uncancel()
                 generation.cancel()
                 await asyncio.gather(generation, return_exceptions=True)
-            await self._fail(
-                turn, sink, clock, progress, received_at, ErrorClass.CANCELLED, "cancelled"
-            )
+                raise
+        except asyncio.CancelledError:
+            end = TurnEnd.failed(ErrorClass.CANCELLED, "cancelled")
         except BotError as exc:
-            await self._fail(
-                turn, sink, clock, progress, received_at, exc.error_class, exc.message, exc.hint
-            )
+            end = TurnEnd.failed(exc.error_class, exc.message, hint=exc.hint)
         except Exception as exc:
             log.exception("turn_crashed")
-            await self._fail(
-                turn,
-                sink,
-                clock,
-                progress,
-                received_at,
-                ErrorClass.INTERNAL,
-                f"{type(exc).__name__}: {exc}",
-            )
+            end = TurnEnd.failed(ErrorClass.INTERNAL, f"{type(exc).__name__}: {exc}")
         else:
-            await self._succeed(turn, clock, progress, received_at)
+            end = TurnEnd(TurnStatus.DONE)
+        try:
+            self._fill(end, clock, progress, received_at)
+            await self._endings.finish(
+                turn,
+                end,
+                sink=sink,
+                history=progress.history_entries if end.status == TurnStatus.DONE else (),
+                charge=self.policy.fair_use.charge_turn if self.policy.fair_use else None,
+            )
         finally:
             structlog.contextvars.unbind_contextvars("turn_id", "conversation_id")
 
@@ -202,9 +206,11 @@ class TurnRunner:
                 if chunk.token_ids and progress.first_token_at is None:
                     progress.first_token_at = time.time()
                 if chunk.text:
-                    progress.text += chunk.text
+                    # Storable from the start, so every reader and the row see the same text.
+                    text = storable(chunk.text)
+                    progress.text += text
                     with clock.measure("deliver"):
-                        await self._streams.append(turn.id, chunk.text)
+                        await self._streams.append(turn.id, text)
                         await sink.delta(progress.text)
                 if chunk.cached_tokens is not None:
                     progress.cached_tokens = chunk.cached_tokens
@@ -220,12 +226,14 @@ class TurnRunner:
             clock.add("prefill", final.timings.prefill_ms)
             clock.add("decode", final.timings.decode_ms)
         if isinstance(sink, UsageAwareSink):
-            sink.set_usage(self._usage(progress))
+            sink.set_usage(
+                usage(progress.prompt_tokens, progress.cached_tokens, len(progress.generated))
+            )
         with clock.measure("deliver"):
             await sink.finish(progress.text)
 
         # The reply is out: both entries join the token-exact history in the same
-        # locked transaction as the final status (``_store_end``), so a turn another
+        # locked transaction as the final status (``TurnEndings.finish``), so a turn another
         # worker has taken over meanwhile adds nothing to the history.
         progress.history_entries = [
             Message(
@@ -262,150 +270,20 @@ class TurnRunner:
             return self._chat_format.next_turn(history.last_assistant_ids, content)
         return self._chat_format.first_turn(content)
 
-    @staticmethod
-    def _policy_fields(progress: _Progress) -> dict[str, Any]:
-        """Issue-8 facts of a turn, only when they happened (log line, done event)."""
-        fields: dict[str, Any] = {}
-        if progress.compaction_id is not None:
-            fields["compaction_id"] = progress.compaction_id
-        if progress.covered:
-            fields["coalesced"] = [turn.id for turn in progress.covered]
-        return fields
-
-    def _usage(self, progress: _Progress) -> dict[str, int | None]:
-        prompt = progress.prompt_tokens
-        cached = progress.cached_tokens
-        return {
-            "prompt_tokens": prompt,
-            "cached_tokens": cached,
-            "new_tokens": prompt - cached if prompt is not None and cached is not None else None,
-            "completion_tokens": len(progress.generated),
-        }
-
-    def _timings(
-        self, clock: LayerClock, progress: _Progress, received_at: float
-    ) -> dict[str, Any]:
-        now = time.time()
+    def _fill(
+        self, end: TurnEnd, clock: LayerClock, progress: _Progress, received_at: float
+    ) -> None:
+        """What the turn produced and how long each layer took, whichever way it ended."""
+        end.text = progress.text
+        end.prompt_tokens = progress.prompt_tokens
+        end.cached_tokens = progress.cached_tokens
+        end.completion_tokens = len(progress.generated)
+        end.finish_reason = progress.finish_reason
+        end.compaction_id = progress.compaction_id
+        end.coalesced = [turn.id for turn in progress.covered]
         ttft = (progress.first_token_at - received_at) * 1000 if progress.first_token_at else None
-        return {
-            "layer_ms": clock.rounded(),
-            "ttft_ms": round(ttft, 3) if ttft is not None else None,
-            "e2e_ms": round((now - received_at) * 1000, 3),
-        }
-
-    async def _store_end(
-        self, turn: Turn, status: str, progress: _Progress, timings: dict[str, Any], **fields: Any
-    ) -> None:
-        async with self._sessions() as session, session.begin():
-            # Locked, so the one final status is settled here: a turn another worker
-            # took over (our lease ran out) is already final and stays as it is.
-            row = await session.get(Turn, turn.id, with_for_update=True)
-            if row is None or row.status in TurnStatus.FINAL:  # deleted, or taken over
-                return
-            row.status = status
-            row.lease_owner = None
-            row.lease_expires_at = None
-            row.reply_text = progress.text
-            row.prompt_tokens = progress.prompt_tokens
-            row.cached_tokens = progress.cached_tokens
-            row.completion_tokens = len(progress.generated)
-            row.finish_reason = progress.finish_reason
-            row.layer_ms = {
-                **timings["layer_ms"],
-                "ttft": timings["ttft_ms"],
-                "e2e": timings["e2e_ms"],
-            }
-            row.finished_at = dt.datetime.now(dt.UTC)
-            row.compaction_id = progress.compaction_id
-            for name, value in fields.items():
-                setattr(row, name, value)
-            if status == TurnStatus.DONE:
-                session.add_all(progress.history_entries)
-            if self.policy.fair_use is not None:
-                await self.policy.fair_use.charge_turn(session, row)
-
-    async def _succeed(
-        self, turn: Turn, clock: LayerClock, progress: _Progress, received_at: float
-    ) -> None:
-        timings = self._timings(clock, progress, received_at)
-        await self._store_end(turn, TurnStatus.DONE, progress, timings)
-        usage = self._usage(progress)
-        await self._streams.close(
-            turn.id,
-            "done",
-            {
-                "turn_id": turn.id,
-                "text": progress.text,
-                "usage": usage,
-                "finish_reason": progress.finish_reason,
-                "timings_ms": {
-                    **timings["layer_ms"],
-                    "ttft": timings["ttft_ms"],
-                    "e2e": timings["e2e_ms"],
-                },
-                **self._policy_fields(progress),
-            },
+        end.timings_ms = timings_of(
+            clock.rounded(),
+            round(ttft, 3) if ttft is not None else None,
+            round((time.time() - received_at) * 1000, 3),
         )
-        self._emit(
-            turn_id=turn.id,
-            conversation_id=turn.conversation_id,
-            status=TurnStatus.DONE,
-            channel=turn.channel,
-            finish_reason=progress.finish_reason,
-            **usage,
-            **timings,
-            **self._policy_fields(progress),
-        )
-
-    async def _fail(
-        self,
-        turn: Turn,
-        sink: ReplySink,
-        clock: LayerClock,
-        progress: _Progress,
-        received_at: float,
-        error_class: ErrorClass,
-        message: str,
-        hint: str | None = None,
-    ) -> None:
-        user_message = USER_MESSAGES[error_class]
-        try:
-            with clock.measure("deliver"):
-                await sink.fail(error_class, user_message)
-        except Exception as exc:  # the apology itself could not be delivered
-            log.warning("apology_not_delivered", error=f"{type(exc).__name__}: {exc}")
-        timings = self._timings(clock, progress, received_at)
-        await self._store_end(
-            turn,
-            TurnStatus.FAILED,
-            progress,
-            timings,
-            error_class=error_class.value,
-            error_message=message,
-        )
-        await self._streams.close(
-            turn.id,
-            "error",
-            {"turn_id": turn.id, "error_class": error_class.value, "message": user_message},
-        )
-        self._emit(
-            turn_id=turn.id,
-            conversation_id=turn.conversation_id,
-            status=TurnStatus.FAILED,
-            channel=turn.channel,
-            error_class=error_class.value,
-            error=message,
-            hint=hint,
-            **self._usage(progress),
-            **timings,
-            **self._policy_fields(progress),
-        )
-
-    def _emit(self, **fields: Any) -> None:
-        """The canonical per-turn log line, and the same fields to every observer."""
-        log.info("turn", **fields)
-        for observer in self.observers:
-            try:
-                observer(fields)
-            except Exception:
-                log.exception("turn_observer_failed")

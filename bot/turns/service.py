@@ -26,8 +26,10 @@ from bot.channels.base import Channel, InboundMessage, ReplySink, TurnAddress
 from bot.errors import ErrorClass
 from bot.storage import queries
 from bot.storage.models import InboundEvent, Turn, TurnStatus
+from bot.storage.text import storable, storable_or_none
 from bot.turns.cancellation import Cancellations
 from bot.turns.claims import TurnClaims
+from bot.turns.ending import TurnEnd, TurnEndings, apply_to_row
 from bot.turns.limits import FairUse, RateLimited, Refusal, subjects_for
 from bot.turns.streams import TurnStreams
 
@@ -37,6 +39,8 @@ PERSIST_TIMINGS_KEPT = 10_000
 FINAL_WRITE_TIMEOUT_S = 10.0
 """At shutdown, how long a stopped turn may take to record itself before it is cut off."""
 DECLINED_KEPT = 10_000
+WORKER_RESTART_BACKOFF_S = (0.1, 0.5, 1.0, 2.0, 5.0)
+"""Pauses before a crashed conversation worker starts again (the last one repeats)."""
 
 
 @dataclass(frozen=True)
@@ -65,6 +69,8 @@ class TurnService:
     ) -> None:
         self._sessions = sessions
         self.streams = streams
+        self.endings = TurnEndings(sessions, streams)
+        """How every turn ends (row, stream, log line); the runner and the claims share it."""
         self._channels: dict[str, Channel] = {}
         self._runner: TurnRunnerLike | None = None
         self._workers: dict[str, asyncio.Task[None]] = {}
@@ -125,9 +131,10 @@ class TurnService:
                     seq=seq,
                     channel=message.channel,
                     reply_to=dict(message.reply_to),
-                    user_id=message.user_id,
-                    user_name=message.user_name,
-                    user_text=message.text,
+                    user_id=storable_or_none(message.user_id),
+                    user_name=storable_or_none(message.user_name),
+                    # Storable before it is ever tokenized: the stored text and ids agree.
+                    user_text=storable(message.text),
                     api_key_id=message.api_key_id,
                     status=TurnStatus.QUEUED,
                     layer_ms=dict(message.layer_ms),
@@ -268,15 +275,9 @@ class TurnService:
                     return False  # not running here, and nowhere else: a crash left it
                 turn.cancel_requested_at = dt.datetime.now(dt.UTC)
                 return True
-            turn.status = TurnStatus.FAILED
-            turn.error_class = ErrorClass.CANCELLED.value
-            turn.error_message = "cancelled before it started"
-            turn.finished_at = dt.datetime.now(dt.UTC)
-        await self.streams.close(
-            turn_id,
-            "error",
-            {"turn_id": turn_id, "error_class": ErrorClass.CANCELLED.value, "message": "Stopped."},
-        )
+            end = TurnEnd.failed(ErrorClass.CANCELLED, "cancelled before it started")
+            apply_to_row(turn, end)
+        await self.endings.announce(turn, end)
         return True
 
     # -- scheduling --------------------------------------------------------------------
@@ -290,37 +291,63 @@ class TurnService:
             self._workers[conversation_id] = task
 
     async def _work(self, conversation_id: str) -> None:
-        """Run the conversation's queued turns in order until none is left."""
+        """Run the conversation's queued turns in order until none is left.
+
+        A failure here (the database refusing a claim or a turn's start) must
+        not end the conversation: the worker logs it and starts again after a
+        pause, so the conversation's next turn is still answered.
+        """
         # The worker outlives the request that started it: do not log under its request id.
         structlog.contextvars.clear_contextvars()
         runner = self._runner
         assert runner is not None, "set_runner() before accepting turns"
+        crashes = 0
         try:
             while True:
-                self._dirty.discard(conversation_id)
-                # Draining (SIGTERM): start nothing new; queued turns stay queued
-                # for the next start instead of being begun and then cancelled.
-                while self._accepting:
-                    # The head turn, leased to this worker; None when it runs elsewhere.
-                    turn = await self.claims.claim_next(conversation_id)
-                    if turn is None:
-                        break
-                    task = asyncio.create_task(
-                        runner.run(turn.id, persist_ms=self._persist_ms.pop(turn.id, None))
-                    )
-                    self._active[conversation_id] = (turn.id, task)
-                    try:
-                        # A cancelled turn ends its own task; the worker goes on.
-                        await asyncio.shield(task)
-                    finally:
-                        self._active.pop(conversation_id, None)
-                        self.cancellations.forget(turn.id)
-                # No await between this check and the removal: a concurrent
-                # schedule() either saw this worker or will start a new one.
-                if conversation_id not in self._dirty or not self._accepting:
-                    return
+                try:
+                    if not await self._work_once(conversation_id, runner):
+                        return
+                    crashes = 0
+                except Exception:
+                    log.exception("conversation_worker_crashed", conversation_id=conversation_id)
+                    pause = WORKER_RESTART_BACKOFF_S[
+                        min(crashes, len(WORKER_RESTART_BACKOFF_S) - 1)
+                    ]
+                    crashes += 1
+                    await asyncio.sleep(pause)
+                    self._dirty.add(conversation_id)
+                    if not self._accepting:
+                        return
         finally:
             self._workers.pop(conversation_id, None)
+
+    async def _work_once(self, conversation_id: str, runner: TurnRunnerLike) -> bool:
+        """One pass over the conversation's queue; False once the worker may stop."""
+        self._dirty.discard(conversation_id)
+        # Draining (SIGTERM): start nothing new; queued turns stay queued
+        # for the next start instead of being begun and then cancelled.
+        while self._accepting:
+            # The head turn, leased to this worker; None when it runs elsewhere.
+            turn = await self.claims.claim_next(conversation_id)
+            if turn is None:
+                break
+            task = asyncio.create_task(
+                runner.run(turn.id, persist_ms=self._persist_ms.pop(turn.id, None))
+            )
+            self._active[conversation_id] = (turn.id, task)
+            try:
+                # A cancelled turn ends its own task; the worker goes on.
+                await asyncio.shield(task)
+            finally:
+                self._active.pop(conversation_id, None)
+                self.cancellations.forget(turn.id)
+        # No await between this check and the removal (in ``_work``): a concurrent
+        # schedule() either saw this worker or will start a new one.
+        return conversation_id in self._dirty and self._accepting
+
+    def live_turn_ids(self) -> set[str]:
+        """Turns with a live generation (or final write) in this process."""
+        return {turn_id for turn_id, _ in self._active.values()}
 
     async def recover(self) -> None:
         """At start-up: resume queued turns; fail turns a dead worker left half-done.
@@ -328,7 +355,7 @@ class TurnService:
         Dead means: any earlier run on SQLite (single process), a lease run out
         on PostgreSQL. ``bot.turns.claims`` then keeps polling for such turns.
         """
-        self.claims.bind(self.open_reply, self.streams)
+        self.claims.bind(self.open_reply, self.endings, self.live_turn_ids)
         await self.claims.recover()
         for conversation_id in await self.claims.claimable_conversations():
             self.schedule(conversation_id)

@@ -7,8 +7,6 @@ simply an empty conversation.
 
 from __future__ import annotations
 
-from typing import Any
-
 from aiohttp import web
 from sqlalchemy import select
 
@@ -48,16 +46,9 @@ async def conversation_turns(request: web.Request) -> web.Response:
         {
             "conversation_id": key,
             "owner": principal.owner,
-            "turns": [_document(t, key) for t in turns],
+            "turns": [turn_document(t, key) for t in turns],
         }
     )
-
-
-def _document(turn: Turn, key: str) -> dict[str, Any]:
-    document = turn_document(turn, key)
-    if turn.prompt_tokens is not None and turn.cached_tokens is not None:
-        document["usage"]["new_tokens"] = turn.prompt_tokens - turn.cached_tokens
-    return document
 
 
 def setup(app: web.Application) -> None:

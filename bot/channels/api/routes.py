@@ -27,6 +27,7 @@ from bot.http.keys import REQUEST_RECEIVED_AT, REQUEST_STARTED, SESSIONS, SETTIN
 from bot.http.sse import format_event, open_event_stream
 from bot.storage.models import Conversation, Turn, TurnStatus
 from bot.storage.queries import get_turn_for_owner
+from bot.turns.ending import end_of_row, final_event, usage
 from bot.turns.service import TurnService, api_event_id
 from bot.turns.streams import StreamEvent, events_for_final
 
@@ -160,11 +161,7 @@ def turn_document(turn: Turn, conversation_key: str) -> dict[str, Any]:
         "status": turn.status,
         "text": turn.user_text,
         "reply": turn.reply_text,
-        "usage": {
-            "prompt_tokens": turn.prompt_tokens,
-            "cached_tokens": turn.cached_tokens,
-            "completion_tokens": turn.completion_tokens,
-        },
+        "usage": usage(turn.prompt_tokens, turn.cached_tokens, turn.completion_tokens),
         "finish_reason": turn.finish_reason,
         "error_class": turn.error_class,
         "error": turn.error_message,
@@ -205,39 +202,18 @@ async def turn_events(request: web.Request) -> web.StreamResponse:
     return await _stream_turn(request, turn.id, _resume_offset(request))
 
 
-def _final_event(turn: Turn) -> StreamEvent:
+async def _final_event(request: web.Request, turn: Turn) -> StreamEvent:
+    """The stored turn's last event, equal to the one its live stream ended with."""
+    coalesced: list[str] = []
     if turn.status == TurnStatus.DONE:
-        layer_ms = dict(turn.layer_ms or {})
-        return StreamEvent(
-            "done",
-            "done",
-            {
-                "turn_id": turn.id,
-                "text": turn.reply_text or "",
-                "usage": {
-                    "prompt_tokens": turn.prompt_tokens,
-                    "cached_tokens": turn.cached_tokens,
-                    "new_tokens": (turn.prompt_tokens or 0) - (turn.cached_tokens or 0),
-                    "completion_tokens": turn.completion_tokens,
-                },
-                "finish_reason": turn.finish_reason,
-                "timings_ms": layer_ms,
-                # Answered by another turn (coalescing): its reply is on that turn's stream.
-                **({"coalesced_into": turn.coalesced_into} if turn.coalesced_into else {}),
-            },
-        )
-    from bot.errors import USER_MESSAGES, ErrorClass
-
-    error_class = ErrorClass(turn.error_class or ErrorClass.INTERNAL.value)
-    return StreamEvent(
-        "error",
-        "error",
-        {
-            "turn_id": turn.id,
-            "error_class": error_class.value,
-            "message": USER_MESSAGES[error_class],
-        },
-    )
+        async with request.app[SESSIONS]() as session:
+            coalesced = list(
+                await session.scalars(
+                    select(Turn.id).where(Turn.coalesced_into == turn.id).order_by(Turn.seq)
+                )
+            )
+    kind, data = final_event(turn.id, end_of_row(turn, coalesced))
+    return StreamEvent(kind, kind, data)
 
 
 async def _stored_events(
@@ -254,7 +230,8 @@ async def _stored_events(
         if turn is None:
             return
         if turn.status in TurnStatus.FINAL:
-            for event in events_for_final(turn.reply_text or "", _final_event(turn), offset):
+            final = await _final_event(request, turn)
+            for event in events_for_final(turn.reply_text or "", final, offset):
                 yield event
             return
         if request.app[TURNS].streams.has(turn_id):

@@ -1,0 +1,371 @@
+"""How every turn ends: one place for its final row, its stream's last event and its log line.
+
+A turn ends in one of a few ways: the runner finishes or fails it, a stop
+request drops it while queued, another turn answers it (coalescing), a
+worker takes over a turn whose worker died, or the watchdog fails a turn
+left ``running`` with no live generation. Whichever it is, the ending is one
+``TurnEnd`` value, and the same three things follow from it:
+
+* the row: ``apply_to_row`` sets every final column, always the same way;
+* the announcement: the stream's ``done``/``error`` event (built by
+  ``final_event``, which also rebuilds it from a stored row, so a replayed
+  event equals the live one), the canonical ``turn`` log line, and the same
+  fields to every observer (metrics). Announced only by whoever moved the row
+  to its final status, so there is exactly one ``turn`` line per turn;
+* for the runner, the write itself is retried with backoff
+  (``TurnEndings.finish``): a database that blinks, a lock held by another
+  session or a dropped connection must not leave a turn ``running`` for
+  good. If it still fails, the turn is failed visibly: readers get ``error``,
+  the user an apology, and the turn id is reported as abandoned so that the
+  claims watchdog fails its row once the database answers again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import datetime as dt
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
+
+import structlog
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from bot.channels.base import ReplySink
+from bot.errors import USER_MESSAGES, ErrorClass
+from bot.storage.models import Message, Turn, TurnStatus
+from bot.storage.text import storable
+from bot.turns.streams import TurnStreams
+
+log = structlog.get_logger("bot.turn")
+
+TurnObserver = Callable[[dict[str, Any]], None]
+"""Called with the fields of every canonical ``turn`` line (metrics hook in here)."""
+ChargeTurn = Callable[[AsyncSession, Turn], Awaitable[None]]
+
+FINAL_WRITE_ATTEMPTS = 5
+FINAL_WRITE_BACKOFF_S = (0.2, 0.5, 1.0, 2.0)
+"""Pauses between attempts of a final write: about 4 s of patience in all."""
+FINAL_WRITE_ATTEMPT_TIMEOUT_S = 5.0
+"""One attempt may wait this long (a row or table locked by another session)."""
+STOPPED_MESSAGE = "Stopped."
+
+
+def usage(
+    prompt_tokens: int | None, cached_tokens: int | None, completion_tokens: int | None
+) -> dict[str, int | None]:
+    """The ``usage`` of a turn: ``new_tokens`` is the part of the prompt the engine computed."""
+    new = None
+    if prompt_tokens is not None and cached_tokens is not None:
+        new = prompt_tokens - cached_tokens
+    return {
+        "prompt_tokens": prompt_tokens,
+        "cached_tokens": cached_tokens,
+        "new_tokens": new,
+        "completion_tokens": completion_tokens,
+    }
+
+
+@dataclasses.dataclass
+class TurnEnd:
+    """Everything a finished turn records, whichever way it ended."""
+
+    status: str
+    text: str = ""
+    error_class: ErrorClass | None = None
+    error_message: str | None = None
+    """For operators (row, log); the user is told ``USER_MESSAGES[error_class]``."""
+    hint: str | None = None
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
+    completion_tokens: int | None = None
+    finish_reason: str | None = None
+    timings_ms: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """Per-layer milliseconds plus ``ttft`` and ``e2e``, as stored in ``turns.layer_ms``."""
+    compaction_id: str | None = None
+    coalesced: list[str] = dataclasses.field(default_factory=list)
+    """Queued turns this one answered too."""
+    coalesced_into: str | None = None
+    log_fields: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """Facts for the log line only (who took a turn over, why the watchdog fired)."""
+
+    @classmethod
+    def failed(cls, error_class: ErrorClass, message: str, **fields: Any) -> TurnEnd:
+        return cls(TurnStatus.FAILED, error_class=error_class, error_message=message, **fields)
+
+    @property
+    def user_message(self) -> str:
+        if self.error_class is None:
+            return ""
+        if self.error_class == ErrorClass.CANCELLED:
+            return STOPPED_MESSAGE
+        return USER_MESSAGES[self.error_class]
+
+    @property
+    def usage(self) -> dict[str, int | None]:
+        return usage(self.prompt_tokens, self.cached_tokens, self.completion_tokens)
+
+    def without_history(self, error_class: ErrorClass, message: str) -> TurnEnd:
+        """The same turn, failed: what is recorded when its real ending cannot be stored."""
+        return dataclasses.replace(
+            self,
+            status=TurnStatus.FAILED,
+            error_class=error_class,
+            error_message=message,
+            hint=None,
+        )
+
+
+def end_of_row(turn: Turn, coalesced: Sequence[str] = ()) -> TurnEnd:
+    """The ending a stored final row records (for readers that come late)."""
+    return TurnEnd(
+        status=turn.status,
+        text=turn.reply_text or "",
+        error_class=ErrorClass(turn.error_class) if turn.error_class else None,
+        error_message=turn.error_message,
+        prompt_tokens=turn.prompt_tokens,
+        cached_tokens=turn.cached_tokens,
+        completion_tokens=turn.completion_tokens,
+        finish_reason=turn.finish_reason,
+        timings_ms=dict(turn.layer_ms or {}),
+        compaction_id=turn.compaction_id,
+        coalesced=list(coalesced),
+        coalesced_into=turn.coalesced_into,
+    )
+
+
+def final_event(turn_id: str, end: TurnEnd) -> tuple[str, dict[str, Any]]:
+    """The stream's last event: ``("done", data)`` or ``("error", data)``."""
+    if end.status == TurnStatus.DONE:
+        data: dict[str, Any] = {
+            "turn_id": turn_id,
+            "text": end.text,
+            "usage": end.usage,
+            "finish_reason": end.finish_reason,
+            "timings_ms": dict(end.timings_ms),
+        }
+        if end.compaction_id is not None:
+            data["compaction_id"] = end.compaction_id
+        if end.coalesced:
+            data["coalesced"] = list(end.coalesced)
+        if end.coalesced_into is not None:
+            # Answered by another turn: its reply is on that turn's stream.
+            data["coalesced_into"] = end.coalesced_into
+        return "done", data
+    error_class = end.error_class or ErrorClass.INTERNAL
+    return "error", {
+        "turn_id": turn_id,
+        "error_class": error_class.value,
+        "message": end.user_message or USER_MESSAGES[ErrorClass.INTERNAL],
+    }
+
+
+def apply_to_row(row: Turn, end: TurnEnd, *, now: dt.datetime | None = None) -> None:
+    """Set every final column of ``row`` from ``end`` (the caller holds the row's lock)."""
+    row.status = end.status
+    row.lease_owner = None
+    row.lease_expires_at = None
+    row.reply_text = storable(end.text)
+    row.prompt_tokens = end.prompt_tokens
+    row.cached_tokens = end.cached_tokens
+    row.completion_tokens = end.completion_tokens
+    row.finish_reason = end.finish_reason
+    row.layer_ms = dict(end.timings_ms)
+    row.finished_at = now or dt.datetime.now(dt.UTC)
+    row.compaction_id = end.compaction_id
+    row.coalesced_into = end.coalesced_into
+    row.error_class = end.error_class.value if end.error_class else None
+    row.error_message = storable(end.error_message) if end.error_message else None
+
+
+class TurnEndings:
+    """Ends turns: writes (with retries, for the runner), then announces, once per turn."""
+
+    def __init__(
+        self,
+        sessions: async_sessionmaker[AsyncSession],
+        streams: TurnStreams,
+        observers: Sequence[TurnObserver] = (),
+        *,
+        backoff_s: Sequence[float] = FINAL_WRITE_BACKOFF_S,
+        attempt_timeout_s: float = FINAL_WRITE_ATTEMPT_TIMEOUT_S,
+    ) -> None:
+        self._sessions = sessions
+        self._streams = streams
+        self.observers: list[TurnObserver] = list(observers)
+        self._backoff_s = tuple(backoff_s)
+        self._attempt_timeout_s = attempt_timeout_s
+        self.abandoned: set[str] = set()
+        """Turns whose ending could not be stored: their rows still say ``running``."""
+
+    async def finish(
+        self,
+        turn: Turn,
+        end: TurnEnd,
+        *,
+        sink: ReplySink | None = None,
+        history: Sequence[Message] = (),
+        charge: ChargeTurn | None = None,
+    ) -> None:
+        """End a turn this process ran: apology, final write (retried), announcement.
+
+        Never raises. ``history`` (the turn's user and assistant entries) is
+        stored with a done turn in the same transaction as its final status.
+        """
+        if end.status == TurnStatus.FAILED:
+            await self.apologise(sink, end)
+        try:
+            stored = await self._store_with_retries(turn.id, end, history, charge)
+        except Exception as exc:
+            stored = await self._store_failure_instead(turn, end, sink, exc)
+            end = end.without_history(ErrorClass.INTERNAL, f"final write failed: {_describe(exc)}")
+            if turn.id in self.abandoned:
+                # Failed visibly all the same; the watchdog stores it later, without a second line.
+                await self.announce(turn, end, recorded=False)
+                return
+        if stored is not None:
+            # Ended elsewhere first (taken over, deleted): readers get that ending, once.
+            await self._close_stream(turn.id, stored)
+            return
+        await self.announce(turn, end)
+
+    async def _store_failure_instead(
+        self, turn: Turn, end: TurnEnd, sink: ReplySink | None, exc: Exception
+    ) -> TurnEnd | None:
+        """The real ending could not be stored: record the turn as failed, tell the user."""
+        log.error(
+            "turn_final_write_failed",
+            turn_id=turn.id,
+            conversation_id=turn.conversation_id,
+            error=_describe(exc),
+        )
+        failed = end.without_history(ErrorClass.INTERNAL, f"final write failed: {_describe(exc)}")
+        if end.status == TurnStatus.DONE:
+            # The reply reached the user but not the history: say so, it will be missing.
+            await self.apologise(sink, failed)
+        try:
+            return await self._store_with_retries(turn.id, failed, (), None)
+        except Exception as again:
+            # Nothing could be written: the watchdog fails the row once the database is back.
+            self.abandoned.add(turn.id)
+            log.error("turn_abandoned", turn_id=turn.id, error=_describe(again))
+            return None
+
+    async def _store_with_retries(
+        self,
+        turn_id: str,
+        end: TurnEnd,
+        history: Sequence[Message],
+        charge: ChargeTurn | None,
+    ) -> TurnEnd | None:
+        """Store ``end``; None when written, else the ending another path stored first."""
+        for attempt, pause in enumerate((*self._backoff_s, None)):
+            try:
+                async with asyncio.timeout(self._attempt_timeout_s):
+                    return await self._store(turn_id, end, history, charge)
+            except Exception as exc:
+                if pause is None:
+                    raise
+                log.warning("turn_final_write_retry", attempt=attempt + 1, error=_describe(exc))
+                await asyncio.sleep(pause)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _store(
+        self,
+        turn_id: str,
+        end: TurnEnd,
+        history: Sequence[Message],
+        charge: ChargeTurn | None,
+    ) -> TurnEnd | None:
+        async with self._sessions() as session, session.begin():
+            # Locked, so the one final status is settled here: a turn another worker
+            # took over (our lease ran out) is already final and stays as it is.
+            row = await session.get(Turn, turn_id, with_for_update=True)
+            if row is None:
+                return TurnEnd.failed(ErrorClass.CANCELLED, "deleted while running")
+            if row.status in TurnStatus.FINAL:
+                return end_of_row(row)
+            apply_to_row(row, end)
+            if end.status == TurnStatus.DONE:
+                # Fresh copies: a failed attempt's rollback leaves the originals unusable.
+                session.add_all(_copies(history))
+            if charge is not None:
+                await charge(session, row)
+        return None
+
+    async def apologise(
+        self, sink: ReplySink | None, end: TurnEnd, *, message: str | None = None
+    ) -> None:
+        """Tell the user the turn failed, where the platform allows it. Never raises."""
+        if sink is None or end.error_class is None:
+            return
+        try:
+            await sink.fail(end.error_class, message or end.user_message)
+        except Exception as exc:  # the apology itself could not be delivered
+            log.warning("apology_not_delivered", error=_describe(exc))
+
+    async def announce(self, turn: Turn, end: TurnEnd, *, recorded: bool = True) -> None:
+        """After the row is final: the stream's last event, the ``turn`` line, the observers."""
+        await self._close_stream(turn.id, end)
+        fields: dict[str, Any] = {
+            "turn_id": turn.id,
+            "conversation_id": turn.conversation_id,
+            "status": end.status,
+            "channel": turn.channel,
+        }
+        if not recorded:
+            fields["recorded"] = False
+        if end.status == TurnStatus.FAILED:
+            fields["error_class"] = (end.error_class or ErrorClass.INTERNAL).value
+            fields["error"] = end.error_message
+            if end.hint:
+                fields["hint"] = end.hint
+        else:
+            fields["finish_reason"] = end.finish_reason
+        fields.update(end.usage)
+        timings = dict(end.timings_ms)
+        ttft, e2e = timings.pop("ttft", None), timings.pop("e2e", None)
+        fields.update(layer_ms=timings, ttft_ms=ttft, e2e_ms=e2e)
+        if end.compaction_id is not None:
+            fields["compaction_id"] = end.compaction_id
+        if end.coalesced:
+            fields["coalesced"] = list(end.coalesced)
+        if end.coalesced_into is not None:
+            fields["coalesced_into"] = end.coalesced_into
+        fields.update(end.log_fields)
+        log.info("turn", **fields)
+        for observer in self.observers:
+            try:
+                observer(fields)
+            except Exception:
+                log.exception("turn_observer_failed")
+
+    async def _close_stream(self, turn_id: str, end: TurnEnd) -> None:
+        kind, data = final_event(turn_id, end)
+        await self._streams.close(turn_id, kind, data)
+
+
+def _copies(entries: Sequence[Message]) -> list[Message]:
+    return [
+        Message(
+            conversation_id=m.conversation_id,
+            seq=m.seq,
+            role=m.role,
+            text=storable(m.text),
+            token_ids=m.token_ids,
+            turn_id=m.turn_id,
+        )
+        for m in entries
+    ]
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc).splitlines()[0] if str(exc) else ""
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def timings_of(
+    layer_ms: Mapping[str, float], ttft_ms: float | None, e2e_ms: float
+) -> dict[str, Any]:
+    """``turns.layer_ms`` as stored: the layers, then ``ttft`` and ``e2e``."""
+    return {**layer_ms, "ttft": ttft_ms, "e2e": e2e_ms}
