@@ -130,3 +130,19 @@ class TrickleEngine(PassThroughEngine):
             await asyncio.sleep(self.pause_s)
             last = pieces[-1] if pieces else ""
             yield replace(chunk, text=last, token_ids=chunk.token_ids if len(pieces) <= 1 else [])
+
+
+class NulByteEngine(PassThroughEngine):
+    """The real engine, whose first piece of text decodes to a U+0000 as well.
+
+    The demo model's byte-level tokens decode to U+0000 now and then (so can any
+    model's); this makes every reply do so, where a test needs it.
+    """
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
+        marked = False
+        async for chunk in self._engine.generate(request):
+            if chunk.text and not marked:
+                marked = True
+                chunk = replace(chunk, text=chunk.text[:1] + "\x00" + chunk.text[1:])
+            yield chunk

@@ -103,3 +103,14 @@ async def load_messages(
 
 def auth(key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
+
+
+async def load_history_rows(db_url: str) -> list[Message]:
+    """Every history entry, by conversation and position."""
+    engine = create_engine(db_url)
+    try:
+        async with create_sessionmaker(engine)() as session:
+            query = select(Message).order_by(Message.conversation_id, Message.seq)
+            return list((await session.scalars(query)).all())
+    finally:
+        await engine.dispose()

@@ -12,6 +12,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import aiohttp
+import sqlalchemy.exc
 import structlog
 from aiohttp import web
 
@@ -19,6 +20,7 @@ from bot.channels.registry import CHANNEL_SETUPS
 from bot.config import Settings
 from bot.engine.base import InferenceEngine
 from bot.http import ops
+from bot.http.errors import json_error
 from bot.http.keys import (
     ENGINE,
     HTTP_CLIENT,
@@ -53,6 +55,34 @@ async def request_context(request: web.Request, handler: Handler) -> web.StreamR
     return await handler(request)
 
 
+STORAGE_RETRY_AFTER_S = 1
+STORAGE_UNAVAILABLE = (
+    sqlalchemy.exc.OperationalError,
+    sqlalchemy.exc.InterfaceError,
+    sqlalchemy.exc.TimeoutError,  # no pooled connection in time
+    sqlalchemy.exc.DisconnectionError,
+    ConnectionError,
+)
+
+
+@web.middleware
+async def storage_unavailable(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """The database did not answer: 503 and nothing stored, so the sender may try again.
+
+    Telegram, Slack and webhook senders redeliver on a non-2xx answer; the
+    delivery is deduplicated once it is stored, so a retry is never answered twice.
+    """
+    try:
+        return await handler(request)
+    except STORAGE_UNAVAILABLE as exc:
+        log.warning("storage_unavailable", error=type(exc).__name__)
+        response = json_error(
+            503, "unavailable", "the service cannot store messages right now; try again"
+        )
+        response.headers["Retry-After"] = str(STORAGE_RETRY_AFTER_S)
+        return response
+
+
 def build_engine(settings: Settings) -> InferenceEngine:
     if settings.engine.kind == "local":
         from bot.engine.vllm_local import LocalVLLMEngine
@@ -71,7 +101,8 @@ async def create_app(
 ) -> web.Application:
     """Build the app. Pass ``engine`` to share one already started (its owner stops it)."""
     app = web.Application(
-        client_max_size=settings.server.max_body_bytes, middlewares=[request_context]
+        client_max_size=settings.server.max_body_bytes,
+        middlewares=[request_context, storage_unavailable],
     )
     app[SETTINGS] = settings
     db_engine = create_engine(settings.database.url, echo=settings.database.echo)

@@ -56,6 +56,7 @@ OPEN_STATUSES = (TurnStatus.QUEUED, TurnStatus.RUNNING)
 INTERRUPTED_APOLOGY = "Sorry, I was restarted while answering. Please ask again."
 POLL_BATCH = 200
 CLAIM_RETRIES = 3
+NOT_LIVE = "running with no live generation (its final status could not be stored)"
 WATCHDOG_GRACE_S = 10.0
 """How long a turn may stay ``running`` here with no live generation before the watchdog fails it.
 
@@ -184,8 +185,11 @@ class TurnClaims:
             if lease.held_by_other(self.worker_id, now):
                 return "busy", None
             if turn.status == TurnStatus.RUNNING:
-                if lease.owner == self.worker_id and turn.id in self._live():
-                    return "busy", None  # running here (its renewal may just be late)
+                if lease.owner == self.worker_id:
+                    if turn.id in self._live():
+                        return "busy", None  # running here (its renewal may just be late)
+                    self._mark_interrupted(turn, lease.owner, why=NOT_LIVE)
+                    return "interrupted", turn
                 self._mark_interrupted(turn, lease.owner)
                 return "interrupted", turn
             turn.lease_owner = self.worker_id
@@ -212,7 +216,8 @@ class TurnClaims:
             if turn.status == TurnStatus.QUEUED:
                 self._started_here[conversation_id] = turn.id
                 return "claimed", turn
-            if self._started_here.get(conversation_id) == turn.id and turn.id in self._live():
+            started_here = self._started_here.get(conversation_id) == turn.id
+            if started_here and turn.id in self._live():
                 return "busy", None
         # Running, but with no live generation here: a previous run died with it, or
         # its final write was refused for good.
@@ -220,7 +225,7 @@ class TurnClaims:
             row = await session.get(Turn, turn.id)
             if row is None or row.status != TurnStatus.RUNNING:
                 return "raced", None
-            self._mark_interrupted(row, row.lease_owner)
+            self._mark_interrupted(row, row.lease_owner, why=NOT_LIVE if started_here else None)
         return "interrupted", row
 
     def _mark_interrupted(self, turn: Turn, owner: str | None, why: str | None = None) -> None:
@@ -292,11 +297,7 @@ class TurnClaims:
                 return None
             if not self.exclusive and turn.lease_owner != self.worker_id:
                 return None
-            self._mark_interrupted(
-                turn,
-                self.worker_id,
-                why=f"watchdog: running for {self.watchdog_grace_s:g} s with no live generation",
-            )
+            self._mark_interrupted(turn, self.worker_id, why=f"watchdog: {NOT_LIVE}")
         log.error("turn_watchdog_failed", turn_id=turn_id, conversation_id=turn.conversation_id)
         await self._apologise(turn)
         return turn

@@ -1,0 +1,314 @@
+"""Every accepted message ends in exactly one final state, whatever fails on the way.
+
+Faults are injected where they happen in production: a real driver error
+raised at a chosen statement of the app's own database engine (one write of a
+turn: its start, its final status, its history entries), U+0000 in a reply
+or a message (PostgreSQL refuses it), a table locked by another session for
+longer than a write may wait. For each, the promise is checked from outside:
+the stream ends with ``done`` or ``error``, the row is final, there is exactly
+one ``turn`` log line, and the conversation's next message is answered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import sqlite3
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import asyncpg
+import pytest
+import structlog
+from aiohttp.test_utils import TestClient
+from sqlalchemy import event
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import OperationalError
+
+from bot.engine.vllm_local import LocalVLLMEngine
+from bot.http.keys import SESSIONS
+from bot.storage.db import is_sqlite
+from bot.storage.models import TurnStatus
+from tests.conftest import MakeClient, issue_key
+from tests.engines import NulByteEngine, SlowEngine
+from tests.helpers import auth, count_rows, load_history_rows, load_turns, read_sse
+
+START = r"^UPDATE turns SET .*started_at"
+FINAL = r"^UPDATE turns SET .*finished_at"
+HISTORY = r"^INSERT INTO messages"
+ACCEPT = r"^INSERT INTO turns"
+
+
+@dataclass
+class _Rule:
+    pattern: re.Pattern[str]
+    remaining: int | None  # None: until cleared
+
+
+class WriteFaults:
+    """Makes chosen statements of the app's own database engine fail like a lost connection."""
+
+    def __init__(self, client: TestClient[Any, Any]) -> None:
+        self._engine = client.app[SESSIONS].kw["bind"].sync_engine
+        self._rules: list[_Rule] = []
+        self.raised = 0
+        event.listen(self._engine, "before_cursor_execute", self._check)
+
+    def fail(self, pattern: str, times: int | None = None) -> None:
+        self._rules.append(_Rule(re.compile(pattern, re.DOTALL), times))
+
+    def clear(self) -> None:
+        self._rules.clear()
+
+    def close(self) -> None:
+        event.remove(self._engine, "before_cursor_execute", self._check)
+
+    def _check(self, _conn: Any, _cursor: Any, statement: str, params: Any, *_: Any) -> None:
+        for rule in self._rules:
+            if rule.pattern.search(statement) and rule.remaining != 0:
+                if rule.remaining is not None:
+                    rule.remaining -= 1
+                self.raised += 1
+                raise OperationalError(statement, params, ConnectionResetError("injected fault"))
+
+
+@pytest.fixture
+def faults() -> Iterator[list[WriteFaults]]:
+    made: list[WriteFaults] = []
+    yield made
+    for fault in made:
+        fault.close()
+
+
+def turn_lines(logs: list[dict[str, Any]], turn_id: str) -> list[dict[str, Any]]:
+    return [e for e in logs if e.get("event") == "turn" and e.get("turn_id") == turn_id]
+
+
+async def send(client: TestClient[Any, Any], key: str, message_id: str, text: str) -> Any:
+    body = {"conversation_id": "c1", "message_id": message_id, "text": text}
+    response = await client.post("/v1/messages", json=body, headers=auth(key))
+    assert response.status == 202, await response.text()
+    return await response.json()
+
+
+async def final_event(client: TestClient[Any, Any], key: str, turn_id: str) -> Any:
+    async with asyncio.timeout(60):
+        events = await read_sse(await client.get(f"/v1/turns/{turn_id}/events", headers=auth(key)))
+    assert events[-1].kind in ("done", "error")
+    return events[-1]
+
+
+async def test_nul_in_a_message_and_in_its_reply_is_stored_and_the_chat_goes_on(
+    db_url: str, make_client: MakeClient, engine: LocalVLLMEngine
+) -> None:
+    client = await make_client(db_url, engine_override=NulByteEngine(engine))
+    key = await issue_key(db_url)
+    with structlog.testing.capture_logs() as logs:
+        first = await send(client, key, "m1", "a\u0000b")
+        done = await final_event(client, key, first["turn_id"])
+        second = await send(client, key, "m2", "and then?")
+        assert (await final_event(client, key, second["turn_id"])).kind == "done"
+
+    assert done.kind == "done", done.data
+    assert "\x00" not in done.data["text"] and "\ufffd" in done.data["text"]
+    turns = await load_turns(db_url)
+    assert [t.status for t in turns] == [TurnStatus.DONE, TurnStatus.DONE]
+    assert turns[0].user_text == "a\ufffdb"
+    assert turns[0].reply_text == done.data["text"]
+    # The replayed final event (from the row) equals the live one.
+    replayed = await final_event(client, key, first["turn_id"])
+    assert replayed.data == done.data
+    history = await load_history_rows(db_url)
+    assert [m.role for m in history][-4:] == ["user", "assistant", "user", "assistant"]
+    assert all("\x00" not in m.text for m in history)
+    assert len(turn_lines(logs, first["turn_id"])) == 1
+
+
+@pytest.mark.parametrize("write", [START, FINAL, HISTORY], ids=["start", "final", "history"])
+async def test_a_write_that_fails_twice_is_retried_and_the_turn_answered(
+    db_url: str, make_client: MakeClient, faults: list[WriteFaults], write: str
+) -> None:
+    client = await make_client(db_url)
+    key = await issue_key(db_url)
+    fault = WriteFaults(client)
+    faults.append(fault)
+    with structlog.testing.capture_logs() as logs:
+        fault.fail(write, times=2)
+        first = await send(client, key, "m1", "Hello")
+        assert (await final_event(client, key, first["turn_id"])).kind == "done"
+        second = await send(client, key, "m2", "Again")
+        assert (await final_event(client, key, second["turn_id"])).kind == "done"
+    assert fault.raised == 2
+    assert [t.status for t in await load_turns(db_url)] == [TurnStatus.DONE] * 2
+    roles = [m.role for m in await load_history_rows(db_url)]
+    assert roles == ["user", "assistant", "user", "assistant"]
+    for accepted in (first, second):
+        assert len(turn_lines(logs, accepted["turn_id"])) == 1
+
+
+async def test_history_refused_for_good_fails_the_turn_visibly_and_the_chat_goes_on(
+    db_url: str, make_client: MakeClient, faults: list[WriteFaults]
+) -> None:
+    client = await make_client(db_url)
+    key = await issue_key(db_url)
+    fault = WriteFaults(client)
+    faults.append(fault)
+    with structlog.testing.capture_logs() as logs:
+        fault.fail(HISTORY)
+        first = await send(client, key, "m1", "Hello")
+        ended = await final_event(client, key, first["turn_id"])
+        fault.clear()
+        second = await send(client, key, "m2", "Again")
+        assert (await final_event(client, key, second["turn_id"])).kind == "done"
+
+    assert ended.kind == "error" and ended.data["error_class"] == "internal"
+    turns = await load_turns(db_url)
+    assert [t.status for t in turns] == [TurnStatus.FAILED, TurnStatus.DONE]
+    assert turns[0].error_class == "internal"
+    assert "final write failed" in (turns[0].error_message or "")
+    lines = turn_lines(logs, first["turn_id"])
+    assert len(lines) == 1 and lines[0]["status"] == "failed"
+    # The failed turn added nothing to the history; the next one continued it.
+    assert [m.role for m in await load_history_rows(db_url)] == ["user", "assistant"]
+
+
+async def test_a_turn_nothing_can_be_written_for_is_failed_and_the_next_one_answered(
+    db_url: str, make_client: MakeClient, faults: list[WriteFaults]
+) -> None:
+    client = await make_client(db_url)
+    key = await issue_key(db_url)
+    fault = WriteFaults(client)
+    faults.append(fault)
+    with structlog.testing.capture_logs() as logs:
+        fault.fail(FINAL)
+        first = await send(client, key, "m1", "Hello")
+        ended = await final_event(client, key, first["turn_id"])
+        # The database answers again: the next message finds the dead turn, fails its
+        # row and is answered.
+        fault.clear()
+        second = await send(client, key, "m2", "Again")
+        assert (await final_event(client, key, second["turn_id"])).kind == "done"
+
+    assert ended.kind == "error" and ended.data["error_class"] == "internal"
+    assert [t.status for t in await load_turns(db_url)] == [TurnStatus.FAILED, TurnStatus.DONE]
+    lines = turn_lines(logs, first["turn_id"])
+    assert len(lines) == 1 and lines[0]["recorded"] is False
+
+
+async def test_a_turn_left_running_is_failed_within_the_bound_when_no_message_follows(
+    db_url: str, make_client: MakeClient, faults: list[WriteFaults]
+) -> None:
+    client = await make_client(db_url, workers={"watchdog_grace_s": 0.5, "poll_interval_s": 0.2})
+    key = await issue_key(db_url)
+    fault = WriteFaults(client)
+    faults.append(fault)
+    with structlog.testing.capture_logs() as logs:
+        fault.fail(FINAL)
+        first = await send(client, key, "m1", "Hello")
+        assert (await final_event(client, key, first["turn_id"])).kind == "error"
+        assert [t.status for t in await load_turns(db_url)] == [TurnStatus.RUNNING]
+        fault.clear()
+        for _ in range(100):
+            if (await load_turns(db_url))[0].status == TurnStatus.FAILED:
+                break
+            await asyncio.sleep(0.1)
+
+    # SQLite: the poller's next claim of the conversation fails it; PostgreSQL: the
+    # watchdog (the poller leaves a turn running under this worker's own lease alone).
+    assert "no live generation" in ((await load_turns(db_url))[0].error_message or "")
+    assert len(turn_lines(logs, first["turn_id"])) == 1
+
+
+async def test_a_refused_accept_is_a_503_that_stores_nothing_and_can_be_retried(
+    db_url: str, make_client: MakeClient, faults: list[WriteFaults]
+) -> None:
+    client = await make_client(db_url)
+    key = await issue_key(db_url)
+    fault = WriteFaults(client)
+    faults.append(fault)
+    fault.fail(ACCEPT, times=1)
+    body = {"conversation_id": "c1", "message_id": "m1", "text": "Hello"}
+    refused = await client.post("/v1/messages", json=body, headers=auth(key))
+    assert refused.status == 503
+    assert (await refused.json())["error"] == "unavailable"
+    assert "Retry-After" in refused.headers
+    assert (await count_rows(db_url))["turns"] == 0
+    accepted = await send(client, key, "m1", "Hello")
+    assert (await final_event(client, key, accepted["turn_id"])).kind == "done"
+
+
+async def test_a_table_locked_longer_than_a_write_may_wait_delays_the_reply_only(
+    db_url: str, make_client: MakeClient, engine: LocalVLLMEngine
+) -> None:
+    slow = SlowEngine(engine, 0.0)
+    client = await make_client(db_url, engine_override=slow)
+    key = await issue_key(db_url)
+    with structlog.testing.capture_logs() as logs:
+        slow.pause_s = 0.1  # long enough to take the lock while the reply is generating
+        first = await send(client, key, "m1", "Hello")
+        await asyncio.sleep(0.3)
+        await hold_lock(db_url, hold_s=7.0)
+        assert (await final_event(client, key, first["turn_id"])).kind == "done"
+        slow.pause_s = 0.0
+        second = await send(client, key, "m2", "Again")
+        assert (await final_event(client, key, second["turn_id"])).kind == "done"
+    assert any(e.get("event") == "turn_final_write_retry" for e in logs)
+    assert [t.status for t in await load_turns(db_url)] == [TurnStatus.DONE] * 2
+
+
+async def hold_lock(db_url: str, hold_s: float) -> None:
+    """Another session holds the turns table (PostgreSQL) or the database (SQLite)."""
+    url = make_url(db_url)
+    if is_sqlite(db_url):
+        await asyncio.to_thread(_hold_sqlite, url.database or "", hold_s)
+        return
+    connection = await asyncpg.connect(
+        url.set(drivername="postgresql").render_as_string(hide_password=False)
+    )
+    try:
+        async with connection.transaction():
+            await connection.execute("LOCK TABLE turns IN ACCESS EXCLUSIVE MODE")
+            await asyncio.sleep(hold_s)  # longer than one write attempt may wait
+    finally:
+        await connection.close()
+
+
+def _hold_sqlite(path: str, hold_s: float) -> None:
+    connection = sqlite3.connect(path, isolation_level=None)
+    try:
+        connection.execute("BEGIN EXCLUSIVE")
+        time.sleep(hold_s)  # longer than the app's busy_timeout
+        connection.execute("ROLLBACK")
+    finally:
+        connection.close()
+
+
+@pytest.mark.postgres
+async def test_every_connection_dropped_mid_turn_delays_nothing_it_cannot_retry(
+    pg_url: str, make_client: MakeClient, engine: LocalVLLMEngine
+) -> None:
+    """As a PostgreSQL restart looks to the app: every connection it holds is cut."""
+    slow = SlowEngine(engine, 0.1)
+    client = await make_client(pg_url, engine_override=slow)
+    key = await issue_key(pg_url)
+    first = await send(client, key, "m1", "Hello")
+    reader = asyncio.create_task(final_event(client, key, first["turn_id"]))
+    await asyncio.sleep(0.5)
+    url = make_url(pg_url).set(drivername="postgresql")
+    admin = await asyncpg.connect(url.render_as_string(hide_password=False))
+    try:
+        cut = await admin.fetchval(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+            " WHERE datname = $1 AND pid <> pg_backend_pid()",
+            url.database,
+        )
+    finally:
+        await admin.close()
+    assert cut >= 1
+    assert (await reader).kind == "done"
+    slow.pause_s = 0.0
+    second = await send(client, key, "m2", "Again")
+    assert (await final_event(client, key, second["turn_id"])).kind == "done"
+    assert [t.status for t in await load_turns(pg_url)] == [TurnStatus.DONE] * 2
