@@ -19,7 +19,6 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    SecretStr,
     ValidationError,
     field_validator,
 )
@@ -28,15 +27,27 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from bot.channels.slack.settings import SlackAppSettings
 from bot.channels.telegram.settings import TelegramBotSettings
 from bot.channels.webhook.settings import WebhookSettings
+from bot.engine.settings import DEFAULT_DATA_DIR, DEFAULT_DEMO_MODEL_DIR, EngineSettings
 from bot.turns.settings import (
     CompactionSettings,
+    GenerationSettings,
     LimitSettings,
     PendingMessages,
     TenancySettings,
+    WorkerSettings,
 )
 
-DEFAULT_DATA_DIR = Path("data")
-DEFAULT_DEMO_MODEL_DIR = DEFAULT_DATA_DIR / "demo-model"
+__all__ = [
+    "DEFAULT_DATA_DIR",
+    "DEFAULT_DEMO_MODEL_DIR",
+    "ConfigError",
+    "EngineSettings",
+    "GenerationSettings",
+    "Settings",
+    "WorkerSettings",
+    "load_settings",
+]
+
 DEFAULT_DATABASE_URL = f"sqlite+aiosqlite:///{DEFAULT_DATA_DIR / 'bot.db'}"
 DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant. Answer briefly."
 DEFAULT_MAX_BODY_BYTES = 64 * 1024
@@ -66,65 +77,6 @@ class ServerSettings(_Section):
 class DatabaseSettings(_Section):
     url: str = DEFAULT_DATABASE_URL
     echo: bool = False
-
-
-class EngineSettings(_Section):
-    kind: Literal["local", "openai"] = "local"
-    model: str = str(DEFAULT_DEMO_MODEL_DIR)
-    """Hugging Face model id or local folder (the default is built by ``botctl demo-model``)."""
-    tokenizer: str | None = None
-    dtype: str = "auto"
-    max_model_len: int = Field(2048, gt=0)
-    block_size: int = Field(32, gt=0)
-    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
-    enforce_eager: bool = True
-    seed: int = 0
-    cpu_kvcache_space_gib: int = Field(1, ge=0)
-    """vLLM's ``VLLM_CPU_KVCACHE_SPACE`` on CPU builds; 0 lets vLLM choose."""
-    # Remote engines (kind = "openai").
-    base_urls: list[str] = Field(default_factory=list)
-    api_key: SecretStr | None = None
-    served_model_name: str | None = None
-    request_timeout_s: float = Field(120.0, gt=0)
-    """Longest silence tolerated from a remote server (before and between streamed chunks)."""
-    connect_timeout_s: float = Field(5.0, gt=0)
-    session_header: str = "x-session-id"
-    """Carries the conversation id, so a vLLM router in front keeps the same affinity."""
-    max_attempts: int = Field(3, ge=1)
-    """Tries per turn across replicas, counted only while nothing has been streamed."""
-    retry_backoff_s: float = Field(0.2, ge=0)
-    """Base of the jittered exponential backoff between tries."""
-    breaker_failures: int = Field(3, ge=1)
-    """Failures in a row that open a replica's circuit breaker."""
-    breaker_cooldown_s: float = Field(10.0, gt=0)
-
-    @field_validator("block_size")
-    @classmethod
-    def _block_size_multiple_of_16(cls, value: int) -> int:
-        if value % 16:
-            raise ValueError("must be a multiple of 16 (32 on CPU)")
-        return value
-
-
-class WorkerSettings(_Section):
-    """Several ``botctl serve`` processes on one PostgreSQL share the turns (docs/scaling.md)."""
-
-    id: str | None = None
-    """This process's name in turn leases; default host:pid:random. A fixed id lets a
-    restarted worker take its own interrupted turns back at once instead of after the lease."""
-    lease_s: float = Field(30.0, gt=0)
-    """A running turn's lease; renewed every lease_s / 3; another worker takes over after it."""
-    poll_interval_s: float = Field(1.0, gt=0)
-    """How often a worker looks for turns accepted elsewhere or left by a dead worker."""
-    watchdog_grace_s: float = Field(10.0, gt=0)
-    """A turn ``running`` in this process with no live generation for this long is failed
-    (``internal``) by the watchdog; only a final write the database refused for good leaves one."""
-
-
-class GenerationSettings(_Section):
-    max_tokens: int = Field(128, gt=0)
-    temperature: float = Field(0.7, ge=0)
-    top_p: float = Field(0.95, gt=0, le=1)
 
 
 class ChatSettings(_Section):

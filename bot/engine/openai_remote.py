@@ -26,10 +26,10 @@ from typing import Any
 import aiohttp
 import structlog
 
-from bot.config import EngineSettings
 from bot.engine.base import EngineTimings, GenerationChunk, GenerationRequest
 from bot.engine.remote_errors import RemoteFailure, from_exception, from_status, protocol_error
 from bot.engine.routing import ReplicaSet
+from bot.engine.settings import EngineSettings
 from bot.errors import EngineError, ErrorClass
 
 log = structlog.get_logger(__name__)

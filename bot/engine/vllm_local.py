@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from bot.config import EngineSettings
 from bot.engine.base import EngineTimings, GenerationChunk, GenerationRequest
+from bot.engine.settings import EngineSettings
 from bot.errors import EngineError, ErrorClass
 
 if TYPE_CHECKING:

@@ -136,7 +136,10 @@ async def create_app(
                 generation=settings.generation,
                 open_reply=turns.open_reply,
                 policy=build_policy(
-                    settings,
+                    compaction=settings.compaction,
+                    generation=settings.generation,
+                    tenancy=settings.tenancy,
+                    pending_messages=settings.chat.pending_messages,
                     chat_format=fmt,
                     engine=inference,
                     sessions=sessions,

@@ -42,13 +42,13 @@ from sqlalchemy import func, select, update
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from bot.channels.base import ReplySink, TurnAddress
-from bot.config import WorkerSettings
 from bot.errors import ErrorClass
 from bot.storage.db import is_sqlite
 from bot.storage.models import Turn, TurnStatus, utcnow
 from bot.storage.queries import as_utc
 from bot.turns.ending import TurnEnd, TurnEndings, apply_to_row
+from bot.turns.replies import ReplySink, TurnAddress
+from bot.turns.settings import WorkerSettings
 
 log = structlog.get_logger(__name__)
 

@@ -41,13 +41,12 @@ import structlog
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from bot.config import GenerationSettings
 from bot.engine.base import GenerationRequest, InferenceEngine
 from bot.storage.models import Compaction, Message, Turn, TurnStatus
 from bot.storage.queries import BASE_ROLE, History
 from bot.storage.tokens import pack_token_ids, unpack_token_ids
 from bot.turns.chat_format import ChatFormat, Tokenizer
-from bot.turns.settings import CompactionSettings
+from bot.turns.settings import CompactionSettings, GenerationSettings
 
 log = structlog.get_logger("bot.compaction")
 

@@ -31,10 +31,10 @@ from typing import Any
 import structlog
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from bot.channels.base import ReplySink
 from bot.errors import USER_MESSAGES, ErrorClass
 from bot.storage.models import Message, Turn, TurnStatus
 from bot.storage.text import storable
+from bot.turns.replies import ReplySink
 from bot.turns.streams import TurnStreams
 
 log = structlog.get_logger("bot.turn")

@@ -1,4 +1,4 @@
-"""What the turn runner applies beyond the core pipeline (issue 8), in one bundle.
+"""What the turn runner applies beyond the core pipeline, in one bundle.
 
 Each part is optional so the runner works without any of them: compaction of
 long conversations, per-tenant cache salts, fair-use accounting and coalescing
@@ -12,13 +12,18 @@ from dataclasses import dataclass
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from bot.config import Settings
 from bot.engine.base import InferenceEngine
 from bot.storage.models import Conversation
 from bot.turns.chat_format import ChatFormat
 from bot.turns.compaction import Compactor
 from bot.turns.limits import FairUse
 from bot.turns.partials import PartialReplies
+from bot.turns.settings import (
+    CompactionSettings,
+    GenerationSettings,
+    PendingMessages,
+    TenancySettings,
+)
 from bot.turns.tenancy import CacheSalts
 
 
@@ -42,8 +47,11 @@ class TurnPolicy:
 
 
 def build_policy(
-    settings: Settings,
     *,
+    compaction: CompactionSettings,
+    generation: GenerationSettings,
+    tenancy: TenancySettings,
+    pending_messages: PendingMessages,
     chat_format: ChatFormat,
     engine: InferenceEngine,
     sessions: async_sessionmaker[AsyncSession],
@@ -52,18 +60,18 @@ def build_policy(
 ) -> TurnPolicy:
     """The policy the configuration asks for (one per app)."""
     compactor = None
-    if settings.compaction.enabled:
+    if compaction.enabled:
         compactor = Compactor(
-            settings=settings.compaction,
+            settings=compaction,
             chat_format=chat_format,
             engine=engine,
-            generation=settings.generation,
+            generation=generation,
             sessions=sessions,
         )
     return TurnPolicy(
         compactor=compactor,
-        salts=CacheSalts(settings.tenancy) if settings.tenancy.isolate_cache else None,
+        salts=CacheSalts(tenancy) if tenancy.isolate_cache else None,
         fair_use=fair_use,
-        coalesce=settings.chat.pending_messages == "coalesce",
+        coalesce=pending_messages == "coalesce",
         partials=partials,
     )

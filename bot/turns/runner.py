@@ -16,8 +16,6 @@ from dataclasses import dataclass, field
 import structlog
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from bot.channels.base import ReplySink, TurnAddress, UsageAwareSink
-from bot.config import GenerationSettings
 from bot.engine.base import GenerationChunk, GenerationRequest, InferenceEngine
 from bot.errors import BotError, ContextOverflow, ErrorClass
 from bot.storage.models import Message, Turn, TurnStatus, utcnow
@@ -29,6 +27,8 @@ from bot.turns.chat_format import ChatFormat, UserTurn
 from bot.turns.coalescing import claim_pending, coalesced_end, combined_content
 from bot.turns.ending import TurnEnd, TurnEndings, timings_of, usage
 from bot.turns.policy import TurnPolicy
+from bot.turns.replies import ReplySink, TurnAddress, UsageAwareSink
+from bot.turns.settings import GenerationSettings
 from bot.turns.streams import TurnStreams
 from bot.turns.timing import LayerClock
 

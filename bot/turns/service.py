@@ -22,7 +22,6 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from bot.channels.base import Channel, InboundMessage, ReplySink, TurnAddress
 from bot.errors import ErrorClass
 from bot.storage import queries
 from bot.storage.models import InboundEvent, Turn, TurnStatus
@@ -30,7 +29,9 @@ from bot.storage.text import storable, storable_or_none
 from bot.turns.cancellation import Cancellations
 from bot.turns.claims import TurnClaims
 from bot.turns.ending import TurnEnd, TurnEndings, apply_to_row
+from bot.turns.inbound import InboundMessage
 from bot.turns.limits import FairUse, RateLimited, Refusal, subjects_for
+from bot.turns.replies import Channel, ReplySink, TurnAddress
 from bot.turns.streams import TurnStreams
 
 log = structlog.get_logger(__name__)

@@ -1,7 +1,9 @@
-"""Settings of long conversations, pending messages, fair use and tenant isolation.
+"""Settings of the turn pipeline: generation, workers, long conversations, fair use, tenancy.
 
-Mounted in ``bot.config.Settings`` as the ``[compaction]``, ``[limits]`` and
-``[tenancy]`` sections (``chat.pending_messages`` lives in ``[chat]``).
+Mounted in ``bot.config.Settings`` as the ``[generation]``, ``[workers]``,
+``[compaction]``, ``[limits]`` and ``[tenancy]`` sections
+(``chat.pending_messages`` lives in ``[chat]``). The turn package owns them:
+it imports nothing from ``bot.config``.
 """
 
 from __future__ import annotations
@@ -24,6 +26,27 @@ ReasoningAtCompaction = Literal["auto", "keep", "drop"]
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+class WorkerSettings(_Section):
+    """Several ``botctl serve`` processes on one PostgreSQL share the turns (docs/scaling.md)."""
+
+    id: str | None = None
+    """This process's name in turn leases; default host:pid:random. A fixed id lets a
+    restarted worker take its own interrupted turns back at once instead of after the lease."""
+    lease_s: float = Field(30.0, gt=0)
+    """A running turn's lease; renewed every lease_s / 3; another worker takes over after it."""
+    poll_interval_s: float = Field(1.0, gt=0)
+    """How often a worker looks for turns accepted elsewhere or left by a dead worker."""
+    watchdog_grace_s: float = Field(10.0, gt=0)
+    """A turn ``running`` in this process with no live generation for this long is failed
+    (``internal``) by the watchdog; only a final write the database refused for good leaves one."""
+
+
+class GenerationSettings(_Section):
+    max_tokens: int = Field(128, gt=0)
+    temperature: float = Field(0.7, ge=0)
+    top_p: float = Field(0.95, gt=0, le=1)
 
 
 class CompactionSettings(_Section):

@@ -1,0 +1,53 @@
+"""Settings of the inference engine: the ``[engine]`` section (mounted by ``bot.config``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+
+DEFAULT_DATA_DIR = Path("data")
+DEFAULT_DEMO_MODEL_DIR = DEFAULT_DATA_DIR / "demo-model"
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class EngineSettings(_Section):
+    kind: Literal["local", "openai"] = "local"
+    model: str = str(DEFAULT_DEMO_MODEL_DIR)
+    """Hugging Face model id or local folder (the default is built by ``botctl demo-model``)."""
+    tokenizer: str | None = None
+    dtype: str = "auto"
+    max_model_len: int = Field(2048, gt=0)
+    block_size: int = Field(32, gt=0)
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
+    enforce_eager: bool = True
+    seed: int = 0
+    cpu_kvcache_space_gib: int = Field(1, ge=0)
+    """vLLM's ``VLLM_CPU_KVCACHE_SPACE`` on CPU builds; 0 lets vLLM choose."""
+    # Remote engines (kind = "openai").
+    base_urls: list[str] = Field(default_factory=list)
+    api_key: SecretStr | None = None
+    served_model_name: str | None = None
+    request_timeout_s: float = Field(120.0, gt=0)
+    """Longest silence tolerated from a remote server (before and between streamed chunks)."""
+    connect_timeout_s: float = Field(5.0, gt=0)
+    session_header: str = "x-session-id"
+    """Carries the conversation id, so a vLLM router in front keeps the same affinity."""
+    max_attempts: int = Field(3, ge=1)
+    """Tries per turn across replicas, counted only while nothing has been streamed."""
+    retry_backoff_s: float = Field(0.2, ge=0)
+    """Base of the jittered exponential backoff between tries."""
+    breaker_failures: int = Field(3, ge=1)
+    """Failures in a row that open a replica's circuit breaker."""
+    breaker_cooldown_s: float = Field(10.0, gt=0)
+
+    @field_validator("block_size")
+    @classmethod
+    def _block_size_multiple_of_16(cls, value: int) -> int:
+        if value % 16:
+            raise ValueError("must be a multiple of 16 (32 on CPU)")
+        return value
