@@ -15,7 +15,7 @@ from bot.storage import queries
 from bot.storage.db import create_engine, create_sessionmaker
 from bot.storage.models import Turn, TurnStatus, utcnow
 from bot.turns import claims as claims_module
-from bot.turns.claims import FRESH_TURN_GRACE, TurnClaims, database_now
+from bot.turns.claims import FRESH_TURN_GRACE, LeasedClaims, database_now
 from bot.turns.ending import TurnEndings
 from bot.turns.partials import PartialReplies
 from bot.turns.streams import TurnStreams
@@ -50,7 +50,7 @@ async def test_other_workers_leave_a_fresh_turn_to_the_worker_that_accepted_it(
 ) -> None:
     engine = create_engine(pg_url)
     sessions = create_sessionmaker(engine)
-    other = TurnClaims(sessions, worker_id="other", exclusive=False)
+    other = LeasedClaims(sessions, worker_id="other")
     try:
         async with sessions() as session, session.begin():
             turn = await add_turn(session, "fresh", status=TurnStatus.QUEUED)
@@ -119,7 +119,7 @@ async def test_leases_are_judged_on_the_database_clock_not_a_skewed_host_clock(
             )
         # This host's clock runs an hour ahead: by it, the healthy worker's lease is long gone.
         monkeypatch.setattr(claims_module, "utcnow", lambda: db_now + dt.timedelta(hours=1))
-        skewed = TurnClaims(sessions, worker_id="skewed", lease_s=30, exclusive=False)
+        skewed = LeasedClaims(sessions, worker_id="skewed", lease_s=30)
         assert await skewed.claimable_conversations() == []
         assert await skewed.claim_next(turn.conversation_id) is None
 

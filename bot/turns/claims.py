@@ -21,12 +21,18 @@ worker had claimed but not started are simply claimed again.
 
 SQLite is single-process (``single_process_guard``): there, every lease left
 by an earlier run is dead at start-up, so interrupted turns fail at once.
+
+The two protocols are two classes behind one interface: ``LocalClaims``
+(SQLite: this process is the only worker, no lease is written) and
+``LeasedClaims`` (PostgreSQL: leases under row locks, on the database's clock).
 """
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import datetime as dt
+import enum
 import fcntl
 import os
 import socket
@@ -38,7 +44,7 @@ from pathlib import Path
 from typing import IO, Any
 
 import structlog
-from sqlalchemy import func, select, update
+from sqlalchemy import func, select, true, update
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -98,8 +104,30 @@ class LeaseState:
         return self.expires_at is not None and as_utc(self.expires_at) > now
 
 
-class TurnClaims:
-    """Claims, renews and reaps turn leases for one worker process."""
+Schedule = Callable[[str], None]
+"""Start (or wake) the worker of a conversation."""
+CancelHere = Callable[[str], bool]
+"""Stop a turn running in this process; True the first time it is asked."""
+
+
+class ClaimOutcome(enum.Enum):
+    CLAIMED = "claimed"
+    """The head is queued and now this worker's to run."""
+    INTERRUPTED = "interrupted"
+    """The head was running with no live worker: it has just been failed."""
+    BUSY = "busy"
+    """The head runs (here or on a live worker): nothing to claim now."""
+    RACED = "raced"
+    """The head changed while we looked: look again."""
+    IDLE = "idle"
+    """No open turn in the conversation."""
+
+
+class TurnClaims(abc.ABC):
+    """Claims a conversation's head turn for this process, fails dead turns, finds work."""
+
+    exclusive: bool
+    """Only this process uses the database (SQLite): no other worker can hold a lease."""
 
     def __init__(
         self,
@@ -108,22 +136,17 @@ class TurnClaims:
         worker_id: str | None = None,
         lease_s: float = 30.0,
         poll_interval_s: float = 1.0,
-        exclusive: bool = True,
         watchdog_grace_s: float = WATCHDOG_GRACE_S,
     ) -> None:
         self._sessions = sessions
         self.worker_id = worker_id or default_worker_id()
         self.lease = dt.timedelta(seconds=lease_s)
         self.poll_interval_s = poll_interval_s
-        self.exclusive = exclusive
-        """Only this process uses the database (SQLite): no other worker can hold a lease."""
+        self.watchdog_grace_s = watchdog_grace_s
         self._tasks: list[asyncio.Task[None]] = []
-        self._started_here: dict[str, str] = {}
-        """Exclusive mode: conversation -> the turn this process last handed out."""
         self._open_reply: Callable[[TurnAddress], ReplySink] | None = None
         self._endings: TurnEndings | None = None
         self._live: Callable[[], set[str]] = set
-        self.watchdog_grace_s = watchdog_grace_s
         self._dead_since: dict[str, float] = {}
 
     def bind(
@@ -141,92 +164,24 @@ class TurnClaims:
     # -- claiming ----------------------------------------------------------------------
 
     async def claim_next(self, conversation_id: str) -> Turn | None:
-        """Lease the conversation's head turn to this worker, if it is queued and free.
+        """The conversation's head turn for this worker to run, if it is queued and free.
 
-        An interrupted head (running, lease run out) is failed with an apology
-        first. None when the conversation is idle or busy on another worker.
+        An interrupted head (running with no live worker) is failed with an
+        apology first. None when the conversation is idle or busy elsewhere.
         """
         for _ in range(CLAIM_RETRIES):
             outcome, turn = await self._claim_head(conversation_id)
-            if outcome == "claimed":
+            if outcome == ClaimOutcome.CLAIMED:
                 return turn
-            if outcome == "interrupted" and turn is not None:
+            if outcome == ClaimOutcome.INTERRUPTED and turn is not None:
                 await self._apologise(turn)
                 continue
-            if outcome != "raced":
+            if outcome != ClaimOutcome.RACED:
                 return None
         return None
 
-    async def _claim_head(self, conversation_id: str) -> tuple[str, Turn | None]:
-        if self.exclusive:
-            return await self._take_head_alone(conversation_id)
-        head_id = (
-            select(Turn.id)
-            .where(Turn.conversation_id == conversation_id, Turn.status.in_(OPEN_STATUSES))
-            .order_by(Turn.seq)
-            .limit(1)
-            .scalar_subquery()
-        )
-        async with self._sessions() as session, session.begin():
-            now = await database_now(session)
-            # Lock the head only, and skip it when another worker is deciding on it:
-            # a plain ``ORDER BY seq LIMIT 1 FOR UPDATE SKIP LOCKED`` would hand out
-            # the turn *behind* a locked head and break the conversation's order.
-            turn = (
-                await session.scalars(
-                    select(Turn).where(Turn.id == head_id).with_for_update(skip_locked=True)
-                )
-            ).one_or_none()
-            if turn is None:
-                return "none", None
-            if turn.status not in OPEN_STATUSES:
-                return "raced", None  # finished between the subquery and the lock
-            lease = LeaseState(turn.lease_owner, turn.lease_expires_at)
-            if lease.held_by_other(self.worker_id, now):
-                return "busy", None
-            if turn.status == TurnStatus.RUNNING:
-                if lease.owner == self.worker_id:
-                    if turn.id in self._live():
-                        return "busy", None  # running here (its renewal may just be late)
-                    self._mark_interrupted(turn, lease.owner, why=NOT_LIVE)
-                    return "interrupted", turn
-                self._mark_interrupted(turn, lease.owner)
-                return "interrupted", turn
-            turn.lease_owner = self.worker_id
-            turn.lease_expires_at = now + self.lease
-            return "claimed", turn
-
-    async def _take_head_alone(self, conversation_id: str) -> tuple[str, Turn | None]:
-        """Single process (SQLite): no lease to write, the per-conversation task is the lock.
-
-        Skipping the lease write matters there: SQLite serialises every writer,
-        and an extra write per turn start queues behind accepts under load.
-        """
-        async with self._sessions() as session:
-            turn = (
-                await session.scalars(
-                    select(Turn)
-                    .where(Turn.conversation_id == conversation_id, Turn.status.in_(OPEN_STATUSES))
-                    .order_by(Turn.seq)
-                    .limit(1)
-                )
-            ).one_or_none()
-            if turn is None:
-                return "none", None
-            if turn.status == TurnStatus.QUEUED:
-                self._started_here[conversation_id] = turn.id
-                return "claimed", turn
-            started_here = self._started_here.get(conversation_id) == turn.id
-            if started_here and turn.id in self._live():
-                return "busy", None
-        # Running, but with no live generation here: a previous run died with it, or
-        # its final write was refused for good.
-        async with self._sessions() as session, session.begin():
-            row = await session.get(Turn, turn.id)
-            if row is None or row.status != TurnStatus.RUNNING:
-                return "raced", None
-            self._mark_interrupted(row, row.lease_owner, why=NOT_LIVE if started_here else None)
-        return "interrupted", row
+    @abc.abstractmethod
+    async def _claim_head(self, conversation_id: str) -> tuple[ClaimOutcome, Turn | None]: ...
 
     def _mark_interrupted(self, turn: Turn, owner: str | None, why: str | None = None) -> None:
         who = f"worker {owner}" if owner else "the previous run"
@@ -265,14 +220,16 @@ class TurnClaims:
 
     # -- watchdog ----------------------------------------------------------------------
 
+    @abc.abstractmethod
+    def _running_here(self) -> Any:
+        """The SQL condition for a running turn this process is responsible for."""
+
     async def reap_dead(self, schedule: Callable[[str], None]) -> list[str]:
         """Fail turns left ``running`` here with no live generation for ``watchdog_grace_s``.
 
         Returns the ids it failed; their conversations are scheduled again.
         """
-        query = select(Turn.id).where(Turn.status == TurnStatus.RUNNING)
-        if not self.exclusive:
-            query = query.where(Turn.lease_owner == self.worker_id)
+        query = select(Turn.id).where(Turn.status == TurnStatus.RUNNING, self._running_here())
         async with self._sessions() as session:
             running = set(await session.scalars(query))
         now = time.monotonic()
@@ -286,16 +243,25 @@ class TurnClaims:
             self._dead_since.pop(turn_id, None)
             if turn is not None:
                 failed.append(turn_id)
-                self._started_here.pop(turn.conversation_id, None)
+                self._forget(turn)
                 schedule(turn.conversation_id)
         return failed
 
+    @abc.abstractmethod
+    def _forget(self, turn: Turn) -> None:
+        """The turn is no longer this process's to run."""
+
     async def _fail_dead(self, turn_id: str) -> Turn | None:
         async with self._sessions() as session, session.begin():
-            turn = await session.get(Turn, turn_id, with_for_update=True)
-            if turn is None or turn.status != TurnStatus.RUNNING or turn_id in self._live():
-                return None
-            if not self.exclusive and turn.lease_owner != self.worker_id:
+            turn = (
+                await session.scalars(
+                    select(Turn)
+                    .where(Turn.id == turn_id, Turn.status == TurnStatus.RUNNING)
+                    .where(self._running_here())
+                    .with_for_update()
+                )
+            ).one_or_none()
+            if turn is None or turn_id in self._live():
                 return None
             self._mark_interrupted(turn, self.worker_id, why=f"watchdog: {NOT_LIVE}")
         log.error("turn_watchdog_failed", turn_id=turn_id, conversation_id=turn.conversation_id)
@@ -304,10 +270,25 @@ class TurnClaims:
 
     # -- finding work ------------------------------------------------------------------
 
+    @abc.abstractmethod
+    async def _now(self, session: AsyncSession) -> dt.datetime:
+        """The clock leases are judged on."""
+
+    def _left_alone(
+        self,
+        status: str,
+        owner: str | None,
+        expires_at: dt.datetime | None,
+        created_at: dt.datetime,
+        now: dt.datetime,
+    ) -> bool:
+        """A conversation head this worker should not try to claim now."""
+        return status == TurnStatus.RUNNING and owner == self.worker_id
+
     async def claimable_conversations(self) -> list[str]:
         """Conversations with a turn this worker could claim now (queued and free, or abandoned)."""
         async with self._sessions() as session:
-            now = await database_now(session) if not self.exclusive else utcnow()
+            now = await self._now(session)
             rows = (
                 await session.execute(
                     select(
@@ -330,37 +311,186 @@ class TurnClaims:
             if conversation_id in seen:
                 continue
             seen.add(conversation_id)
-            lease = LeaseState(owner, expires_at)
-            if lease.held_by_other(self.worker_id, now):
-                continue
-            if status == TurnStatus.RUNNING and owner == self.worker_id:
-                continue
-            if self._left_to_acceptor(status, owner, created_at, now):
-                continue
-            found.append(conversation_id)
+            if not self._left_alone(status, owner, expires_at, created_at, now):
+                found.append(conversation_id)
         return found
 
-    def _left_to_acceptor(
-        self, status: str, owner: str | None, created_at: dt.datetime, now: dt.datetime
-    ) -> bool:
-        """A fresh queued turn nobody has claimed yet: its accepting worker is about to."""
-        if self.exclusive or status != TurnStatus.QUEUED or owner is not None:
-            return False
-        return as_utc(created_at) > now - FRESH_TURN_GRACE
+    @abc.abstractmethod
+    async def recover(self) -> None:
+        """At start-up: drop the leases no live process can hold any more."""
+
+    # -- background: renew and poll ----------------------------------------------------
+
+    def start(self, schedule: Callable[[str], None], cancel: Callable[[str], bool]) -> None:
+        """Poll for claimable turns, dead turns and (several workers) leases and cancels."""
+        self._tasks = [
+            asyncio.create_task(self._poll_forever(schedule, cancel), name="turn-poller")
+        ]
+
+    async def _poll_once(
+        self, schedule: Callable[[str], None], cancel: Callable[[str], bool]
+    ) -> None:
+        await self.reap_dead(schedule)
+        for conversation_id in await self.claimable_conversations():
+            schedule(conversation_id)
+
+    async def _poll_forever(
+        self, schedule: Callable[[str], None], cancel: Callable[[str], bool]
+    ) -> None:
+        while True:
+            await asyncio.sleep(self.poll_interval_s)
+            try:
+                await self._poll_once(schedule, cancel)
+            except Exception as exc:
+                log.warning("turn_poll_failed", error=f"{type(exc).__name__}: {exc}")
+
+    async def close(self) -> None:
+        """Stop the background tasks."""
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+
+
+class LocalClaims(TurnClaims):
+    """A single process (SQLite): no lease to write, the per-conversation task is the lock.
+
+    Skipping the lease write matters there: SQLite serialises every writer,
+    and an extra write per turn start queues behind accepts under load.
+    """
+
+    exclusive = True
+
+    def __init__(self, sessions: async_sessionmaker[AsyncSession], **options: Any) -> None:
+        super().__init__(sessions, **options)
+        self._started_here: dict[str, str] = {}
+        """Conversation -> the turn this process last handed out."""
+
+    async def _claim_head(self, conversation_id: str) -> tuple[ClaimOutcome, Turn | None]:
+        async with self._sessions() as session:
+            turn = (
+                await session.scalars(
+                    select(Turn)
+                    .where(Turn.conversation_id == conversation_id, Turn.status.in_(OPEN_STATUSES))
+                    .order_by(Turn.seq)
+                    .limit(1)
+                )
+            ).one_or_none()
+            if turn is None:
+                return ClaimOutcome.IDLE, None
+            if turn.status == TurnStatus.QUEUED:
+                self._started_here[conversation_id] = turn.id
+                return ClaimOutcome.CLAIMED, turn
+            started_here = self._started_here.get(conversation_id) == turn.id
+            if started_here and turn.id in self._live():
+                return ClaimOutcome.BUSY, None
+        # Running, but with no live generation here: a previous run died with it, or
+        # its final write was refused for good.
+        async with self._sessions() as session, session.begin():
+            row = await session.get(Turn, turn.id)
+            if row is None or row.status != TurnStatus.RUNNING:
+                return ClaimOutcome.RACED, None
+            self._mark_interrupted(row, row.lease_owner, why=NOT_LIVE if started_here else None)
+        return ClaimOutcome.INTERRUPTED, row
+
+    def _running_here(self) -> Any:
+        return true()  # every turn is this process's
+
+    def _forget(self, turn: Turn) -> None:
+        self._started_here.pop(turn.conversation_id, None)
+
+    async def _now(self, session: AsyncSession) -> dt.datetime:
+        return utcnow()
 
     async def recover(self) -> None:
-        """At start-up: drop the leases no live process can hold any more.
-
-        A running turn without a lease is interrupted (failed with an apology
-        when its conversation is next looked at); a queued one is free.
-        """
+        """Every lease an earlier run left is dead: running turns are interrupted, queued free."""
         async with self._sessions() as session, session.begin():
-            stale = update(Turn).where(Turn.status.in_(OPEN_STATUSES))
-            if not self.exclusive:
-                # Only our own earlier incarnation (same fixed worker id) is known dead;
-                # other workers' leases run out on their own.
-                stale = stale.where(Turn.lease_owner == self.worker_id)
-            await session.execute(stale.values(lease_owner=None, lease_expires_at=None))
+            await session.execute(
+                update(Turn)
+                .where(Turn.status.in_(OPEN_STATUSES))
+                .values(lease_owner=None, lease_expires_at=None)
+            )
+
+
+class LeasedClaims(TurnClaims):
+    """Several workers on one PostgreSQL: leases taken and judged under row locks."""
+
+    exclusive = False
+
+    async def _claim_head(self, conversation_id: str) -> tuple[ClaimOutcome, Turn | None]:
+        head_id = (
+            select(Turn.id)
+            .where(Turn.conversation_id == conversation_id, Turn.status.in_(OPEN_STATUSES))
+            .order_by(Turn.seq)
+            .limit(1)
+            .scalar_subquery()
+        )
+        async with self._sessions() as session, session.begin():
+            now = await database_now(session)
+            # Lock the head only, and skip it when another worker is deciding on it:
+            # a plain ``ORDER BY seq LIMIT 1 FOR UPDATE SKIP LOCKED`` would hand out
+            # the turn *behind* a locked head and break the conversation's order.
+            turn = (
+                await session.scalars(
+                    select(Turn).where(Turn.id == head_id).with_for_update(skip_locked=True)
+                )
+            ).one_or_none()
+            if turn is None:
+                return ClaimOutcome.IDLE, None
+            if turn.status not in OPEN_STATUSES:
+                return ClaimOutcome.RACED, None  # finished between the subquery and the lock
+            lease = LeaseState(turn.lease_owner, turn.lease_expires_at)
+            if lease.held_by_other(self.worker_id, now):
+                return ClaimOutcome.BUSY, None
+            if turn.status == TurnStatus.RUNNING:
+                if lease.owner == self.worker_id:
+                    if turn.id in self._live():
+                        return ClaimOutcome.BUSY, None  # its renewal may just be late
+                    self._mark_interrupted(turn, lease.owner, why=NOT_LIVE)
+                    return ClaimOutcome.INTERRUPTED, turn
+                self._mark_interrupted(turn, lease.owner)
+                return ClaimOutcome.INTERRUPTED, turn
+            turn.lease_owner = self.worker_id
+            turn.lease_expires_at = now + self.lease
+            return ClaimOutcome.CLAIMED, turn
+
+    def _running_here(self) -> Any:
+        return Turn.lease_owner == self.worker_id
+
+    def _forget(self, turn: Turn) -> None:
+        return None  # the lease lives in the row, and the row is final now
+
+    async def _now(self, session: AsyncSession) -> dt.datetime:
+        return await database_now(session)
+
+    def _left_alone(
+        self,
+        status: str,
+        owner: str | None,
+        expires_at: dt.datetime | None,
+        created_at: dt.datetime,
+        now: dt.datetime,
+    ) -> bool:
+        if LeaseState(owner, expires_at).held_by_other(self.worker_id, now):
+            return True
+        if super()._left_alone(status, owner, expires_at, created_at, now):
+            return True
+        # A fresh queued turn nobody has claimed yet: its accepting worker is about to.
+        return (
+            status == TurnStatus.QUEUED
+            and owner is None
+            and as_utc(created_at) > now - FRESH_TURN_GRACE
+        )
+
+    async def recover(self) -> None:
+        """Only our own earlier incarnation (same fixed worker id) is known dead; other
+        workers' leases run out on their own."""
+        async with self._sessions() as session, session.begin():
+            await session.execute(
+                update(Turn)
+                .where(Turn.status.in_(OPEN_STATUSES), Turn.lease_owner == self.worker_id)
+                .values(lease_owner=None, lease_expires_at=None)
+            )
 
     async def cancel_requests(self) -> list[str]:
         """Turns running under this worker's lease that another worker was asked to stop."""
@@ -375,14 +505,17 @@ class TurnClaims:
                 )
             )
 
-    # -- background: renew and poll ----------------------------------------------------
-
     def start(self, schedule: Callable[[str], None], cancel: Callable[[str], bool]) -> None:
-        """Renew leases; poll for claimable turns and, with several workers, cancel requests."""
-        self._tasks = [
-            asyncio.create_task(self._renew_forever(), name="lease-renewal"),
-            asyncio.create_task(self._poll_forever(schedule, cancel), name="turn-poller"),
-        ]
+        super().start(schedule, cancel)
+        self._tasks.append(asyncio.create_task(self._renew_forever(), name="lease-renewal"))
+
+    async def _poll_once(
+        self, schedule: Callable[[str], None], cancel: Callable[[str], bool]
+    ) -> None:
+        await super()._poll_once(schedule, cancel)
+        for turn_id in await self.cancel_requests():
+            if cancel(turn_id):  # True the first time only
+                log.info("turn_cancel_requested", turn_id=turn_id)
 
     async def renew(self) -> int:
         """Push out the expiry of the leases this worker still uses; returns how many.
@@ -399,15 +532,10 @@ class TurnClaims:
                 update(Turn)
                 .where(Turn.lease_owner == self.worker_id, Turn.status.in_(OPEN_STATUSES))
                 .where(in_use)
-                .values(lease_expires_at=self._lease_expiry())
+                # On the database's clock (see ``database_now``).
+                .values(lease_expires_at=func.now() + self.lease)
             )
         return int(getattr(result, "rowcount", 0) or 0)
-
-    def _lease_expiry(self) -> Any:
-        """A lease's new expiry, on the database's clock (see ``database_now``)."""
-        if self.exclusive:
-            return utcnow() + self.lease
-        return func.now() + self.lease
 
     async def _renew_forever(self) -> None:
         interval = self.lease.total_seconds() / 3
@@ -418,28 +546,9 @@ class TurnClaims:
             except Exception as exc:  # the database blinked: the next round retries
                 log.warning("lease_renewal_failed", error=f"{type(exc).__name__}: {exc}")
 
-    async def _poll_forever(
-        self, schedule: Callable[[str], None], cancel: Callable[[str], bool]
-    ) -> None:
-        while True:
-            await asyncio.sleep(self.poll_interval_s)
-            try:
-                await self.reap_dead(schedule)
-                for conversation_id in await self.claimable_conversations():
-                    schedule(conversation_id)
-                if not self.exclusive:
-                    for turn_id in await self.cancel_requests():
-                        if cancel(turn_id):  # True the first time only
-                            log.info("turn_cancel_requested", turn_id=turn_id)
-            except Exception as exc:
-                log.warning("turn_poll_failed", error=f"{type(exc).__name__}: {exc}")
-
     async def close(self) -> None:
         """Stop renewing and polling; hand back queued turns claimed but not started."""
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        self._tasks = []
+        await super().close()
         try:
             async with self._sessions() as session, session.begin():
                 await session.execute(
@@ -489,11 +598,11 @@ def build_claims(
     settings: WorkerSettings, database_url: str, sessions: async_sessionmaker[AsyncSession]
 ) -> TurnClaims:
     """Claims for this process: exclusive on SQLite, shared leases on PostgreSQL."""
-    return TurnClaims(
+    kind: type[TurnClaims] = LocalClaims if is_sqlite(database_url) else LeasedClaims
+    return kind(
         sessions,
         worker_id=settings.id,
         lease_s=settings.lease_s,
         poll_interval_s=settings.poll_interval_s,
-        exclusive=is_sqlite(database_url),
         watchdog_grace_s=settings.watchdog_grace_s,
     )

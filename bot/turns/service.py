@@ -27,7 +27,7 @@ from bot.storage import queries
 from bot.storage.models import InboundEvent, Turn, TurnStatus
 from bot.storage.text import storable, storable_or_none
 from bot.turns.cancellation import Cancellations
-from bot.turns.claims import TurnClaims
+from bot.turns.claims import LocalClaims, TurnClaims
 from bot.turns.ending import TurnEnd, TurnEndings, apply_to_row
 from bot.turns.inbound import InboundMessage
 from bot.turns.limits import FairUse, RateLimited, Refusal, subjects_for
@@ -82,7 +82,7 @@ class TurnService:
         # would otherwise stay in it for ever.
         self._persist_ms: OrderedDict[str, float] = OrderedDict()
         self._accepting = True
-        self.claims = TurnClaims(sessions)
+        self.claims: TurnClaims = LocalClaims(sessions)
         """Turn leases; the app replaces it with one configured for several workers."""
         self.fair_use: FairUse | None = None
         self._apologies: set[asyncio.Task[None]] = set()
