@@ -1,24 +1,22 @@
-"""What both Telegram reply sinks share: typing, a paced preview pump, the final delivery.
+"""What both Telegram reply sinks share: typing, the preview and final deliveries.
 
-``delta`` only records the newest text and wakes the pump, so the turn
-never waits on Telegram. The pump sends at most one preview step per pacing
-slot, always of the newest text (intermediate states are dropped), and drops
-a step that Telegram answers with 429: the chat is then held for
-``retry_after`` and the next step, or the final delivery, goes after it.
-``finish`` stops the pump (never mid-call: a call in flight may already have
-created a message) and delivers the final text, waiting out 429s up to
-``max_flood_wait_s``.
+The paced pump (``bot.channels.pump``) sends at most one preview step per
+pacing slot, always of the newest text. A preview step that Telegram answers
+with 429 is dropped: the chat is then held for ``retry_after`` and the next
+step, or the final delivery, goes after it. The final delivery waits out
+429s up to ``max_flood_wait_s``.
 """
 
 from __future__ import annotations
 
 import asyncio
-from abc import ABC, abstractmethod
+from abc import abstractmethod
 from dataclasses import dataclass
 from typing import Any
 
 import structlog
 
+from bot.channels.pump import PacedReplySink
 from bot.channels.telegram.api import TelegramApi, TelegramApiError
 from bot.channels.telegram.render import Rendered, Renderer
 from bot.errors import DeliveryError, ErrorClass
@@ -61,7 +59,7 @@ def _is_fatal(exc: TelegramApiError) -> bool:
     return exc.error_class is ErrorClass.AUTH or exc.error_code == 403
 
 
-class StreamingSink(ABC):
+class StreamingSink(PacedReplySink):
     def __init__(
         self,
         api: TelegramApi,
@@ -71,17 +69,16 @@ class StreamingSink(ABC):
         typing_refresh_s: float,
         turn_id: str = "",
     ) -> None:
+        super().__init__(
+            log=log.bind(turn_id=turn_id, chat_id=target.chat_id),
+            task_name=f"telegram-reply-{turn_id}",
+        )
         self._api = api
         self._target = target
         self._renderer = renderer
         self._typing_refresh_s = typing_refresh_s
-        self._log = log.bind(turn_id=turn_id, chat_id=target.chat_id)
-        self._latest = ""
-        self._wake = asyncio.Event()
-        self._closing = False
-        self._pump: asyncio.Task[None] | None = None
         self._typing: asyncio.Task[None] | None = None
-        self._fatal: TelegramApiError | None = None
+        self._fatal = False
 
     # -- subclass hooks ----------------------------------------------------------
 
@@ -96,36 +93,47 @@ class StreamingSink(ABC):
     async def _deliver_final(self, text: str) -> None:
         """Deliver ``text`` completely, waiting out 429s; may raise ``TelegramApiError``."""
 
-    # -- ReplySink -----------------------------------------------------------------
+    # -- the pump's delivery ---------------------------------------------------------
 
     async def start(self) -> None:
         self._typing = asyncio.create_task(self._typing_loop())
 
-    async def delta(self, text_so_far: str) -> None:
-        self._latest = text_so_far
-        if self._closing or self._fatal is not None:
-            return
-        self._wake.set()
-        if self._pump is None:
-            self._pump = asyncio.create_task(self._pump_loop())
+    def _next_delay(self) -> float:
+        return self._api.pacer.delay(self._target.chat_id)
 
-    async def finish(self, text: str) -> None:
-        await self._stop_streaming()
+    async def _push(self, text: str, *, final: bool) -> bool:
+        if final:
+            await self._stop_typing()
+            try:
+                await self._deliver_final(text if text.strip() else EMPTY_REPLY_TEXT)
+            except TelegramApiError as exc:
+                raise DeliveryError(exc.error_class, str(exc)) from None
+            return False
         try:
-            await self._deliver_final(text if text.strip() else EMPTY_REPLY_TEXT)
+            visible = await self._push_partial(text)
         except TelegramApiError as exc:
-            raise DeliveryError(exc.error_class, str(exc)) from None
+            if _is_fatal(exc):
+                self._fatal = True
+                raise DeliveryError(exc.error_class, str(exc)) from None
+            # Dropped: the newest text goes out with the next step or the final delivery.
+            self._log.info("telegram_preview_dropped", error=str(exc))
+            return False
+        if visible:
+            await self._stop_typing()
+        return False
 
-    async def fail(self, error_class: ErrorClass, user_message: str) -> None:
-        await self._stop_streaming()
-        partial = self._latest.rstrip()
+    async def _apologise(self, error_class: ErrorClass, user_message: str) -> None:
+        await self._stop_typing()
+        if self._fatal:
+            return  # blocked or unauthorised: no call to this chat can get through
+        partial = self.text_so_far.rstrip()
         text = f"{partial}\n\n{user_message}" if partial else user_message
         try:
             await self._deliver_final(text)
         except TelegramApiError as exc:
             # The turn already failed for its own reason; this only goes to the log.
             self._log.warning(
-                "telegram.fail_notice_undelivered",
+                "telegram_fail_notice_undelivered",
                 error_class=exc.error_class.value,
                 error=str(exc),
             )
@@ -153,7 +161,7 @@ class StreamingSink(ABC):
         except TelegramApiError as exc:
             if not (exc.is_entity_error and rendered.parse_mode is not None):
                 raise
-            self._log.warning("telegram.entities_refused", method=method, error=exc.description)
+            self._log.warning("telegram_entities_refused", method=method, error=exc.description)
             self._renderer.plain = True
             rendered = self._renderer.render(chunks, index)
             assert rendered is not None
@@ -168,7 +176,7 @@ class StreamingSink(ABC):
             except TelegramApiError as exc:
                 if _is_fatal(exc):
                     return
-                self._log.debug("telegram.typing_failed", error=str(exc))
+                self._log.debug("telegram_typing_failed", error=str(exc))
             await asyncio.sleep(self._typing_refresh_s)
 
     async def _stop_typing(self) -> None:
@@ -177,35 +185,3 @@ class StreamingSink(ABC):
             # ``wait`` neither raises the task's outcome nor passes our own cancellation on.
             await asyncio.wait({self._typing})
             self._typing = None
-
-    async def _pump_loop(self) -> None:
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
-            if self._closing:
-                return
-            await self._api.pacer.wait(self._target.chat_id)
-            if self._closing:
-                return
-            try:
-                visible = await self._push_partial(self._latest)
-            except TelegramApiError as exc:
-                if _is_fatal(exc):
-                    self._fatal = exc
-                    self._log.warning("telegram.preview_stopped", error=str(exc))
-                    return
-                # Dropped: the newest text goes out with the next step or the final delivery.
-                self._log.info("telegram.preview_dropped", error=str(exc))
-            else:
-                if visible:
-                    await self._stop_typing()
-
-    async def _stop_streaming(self) -> None:
-        self._closing = True
-        self._wake.set()
-        await self._stop_typing()
-        if self._pump is not None:
-            # Never cancel the pump: a call in flight may already have created a message,
-            # and losing its id would show the reply twice. It stops at its next check.
-            await asyncio.wait({self._pump})
-            self._pump = None
