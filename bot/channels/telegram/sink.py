@@ -1,15 +1,27 @@
-"""What both Telegram reply sinks share: typing, the preview and final deliveries.
+"""Telegram reply sinks: typing, paced previews, the final delivery.
 
 The paced pump (``bot.channels.pump``) sends at most one preview step per
 pacing slot, always of the newest text. A preview step that Telegram answers
 with 429 is dropped: the chat is then held for ``retry_after`` and the next
 step, or the final delivery, goes after it. The final delivery waits out
 429s up to ``max_flood_wait_s``.
+
+- Private chats (``PrivateReplySink``): ``sendMessageDraft`` shows an
+  ephemeral preview that Telegram drops when a real message arrives, so the
+  reply is persisted with ``sendMessage``. A reply longer than one message
+  sends each completed chunk as a message as soon as the next chunk starts,
+  and drafts the rest under a fresh ``draft_id``.
+- Groups (``GroupReplySink``) have no drafts: the first text goes out with
+  ``sendMessage`` (as a reply to the user's message, so the group sees whom
+  the bot answers), then ``editMessageText`` follows the reply, only when the
+  rendered text changed (Telegram refuses an identical edit). A chunk that is
+  complete gets its last edit, and the reply continues in a new message.
 """
 
 from __future__ import annotations
 
 import asyncio
+import secrets
 from abc import abstractmethod
 from dataclasses import dataclass
 from typing import Any
@@ -59,7 +71,9 @@ def _is_fatal(exc: TelegramApiError) -> bool:
     return exc.error_class is ErrorClass.AUTH or exc.error_code == 403
 
 
-class StreamingSink(PacedReplySink):
+class TelegramReplySink(PacedReplySink):
+    """What both sinks share: typing, rendering with a plain-text fallback, the pump hooks."""
+
     def __init__(
         self,
         api: TelegramApi,
@@ -185,3 +199,102 @@ class StreamingSink(PacedReplySink):
             # ``wait`` neither raises the task's outcome nor passes our own cancellation on.
             await asyncio.wait({self._typing})
             self._typing = None
+
+
+_MAX_DRAFT_ID = 2**31 - 1
+
+
+def _new_draft_id() -> int:
+    return secrets.randbelow(_MAX_DRAFT_ID) + 1  # must be non-zero
+
+
+class PrivateReplySink(TelegramReplySink):
+    """Private chats: a live draft while streaming, real messages at the end."""
+
+    _sent = 0
+    """Chunks already delivered as messages."""
+    _draft_id = 0
+    _last_draft: Rendered | None = None
+
+    async def _send_message(self, chunks: list[str], index: int, *, final: bool) -> None:
+        params: dict[str, Any] = self._target.base_params()
+        await self._send_rendered("sendMessage", params, chunks, index, final=final)
+        self._sent = index + 1
+        self._draft_id, self._last_draft = 0, None
+
+    async def _push_partial(self, text: str) -> bool:
+        chunks = self._renderer.split(text)
+        while self._sent < len(chunks) - 1:
+            await self._send_message(chunks, self._sent, final=False)
+        index = len(chunks) - 1
+        rendered = self._renderer.render(chunks, index)
+        if rendered is None or rendered == self._last_draft:
+            return self._sent > 0 or self._last_draft is not None
+        if not self._draft_id:
+            self._draft_id = _new_draft_id()
+        params = {**self._target.base_params(), "draft_id": self._draft_id}
+        _, self._last_draft = await self._send_rendered(
+            "sendMessageDraft", params, chunks, index, final=False
+        )
+        return True
+
+    async def _deliver_final(self, text: str) -> None:
+        chunks = self._renderer.split(text)
+        for index in range(self._sent, len(chunks)):
+            await self._send_message(chunks, index, final=True)
+
+
+class GroupReplySink(TelegramReplySink):
+    """Groups: one message per chunk, edited as the reply grows."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._messages: dict[int, tuple[int, Rendered]] = {}
+        """chunk index -> (message_id, what that message shows now)."""
+
+    async def _sync(self, text: str, *, final: bool) -> bool:
+        chunks = self._renderer.split(text)
+        for index in range(len(chunks)):
+            rendered = self._renderer.render(chunks, index)
+            if rendered is None:
+                continue
+            if index not in self._messages:
+                await self._send(chunks, index, final=final)
+            elif rendered != self._messages[index][1]:
+                await self._edit(chunks, index, final=final)
+        return bool(self._messages)
+
+    async def _send(self, chunks: list[str], index: int, *, final: bool) -> None:
+        params: dict[str, Any] = self._target.base_params()
+        if not self._messages and self._target.message_id is not None:
+            params["reply_parameters"] = {
+                "message_id": self._target.message_id,
+                "allow_sending_without_reply": True,
+            }
+        result, rendered = await self._send_rendered(
+            "sendMessage", params, chunks, index, final=final
+        )
+        if rendered is not None:
+            self._messages[index] = (int(result["message_id"]), rendered)
+
+    async def _edit(self, chunks: list[str], index: int, *, final: bool) -> None:
+        message_id = self._messages[index][0]
+        # editMessageText addresses the message by chat and id; it takes no thread.
+        params = {"chat_id": self._target.chat_id, "message_id": message_id}
+        try:
+            _, rendered = await self._send_rendered(
+                "editMessageText", params, chunks, index, final=final
+            )
+        except TelegramApiError as exc:
+            if not exc.is_not_modified:
+                raise
+            # Telegram trims and normalises text: what differs for us may not for it.
+            rendered = self._renderer.render(chunks, index)
+        if rendered is not None:
+            self._messages[index] = (message_id, rendered)
+
+    async def _push_partial(self, text: str) -> bool:
+        return await self._sync(text, final=False)
+
+    async def _deliver_final(self, text: str) -> None:
+        await self._sync(text, final=True)
