@@ -114,19 +114,18 @@ class PacedReplySink(ABC):
             final = self._final
             try:
                 again = await self._push(self.text_so_far, final=final)
-            except DeliveryError as exc:
+            except Exception as exc:
                 self._give_up(exc)
-                return
-            except Exception:
-                self._log.exception("reply_delivery_bug")
-                self._give_up(DeliveryError(ErrorClass.INTERNAL, "unexpected error in the sink"))
                 return
             if again:
                 self._wake.set()
             elif final:
                 return
 
-    def _give_up(self, exc: DeliveryError) -> None:
+    def _give_up(self, exc: Exception) -> None:
+        if not isinstance(exc, DeliveryError):
+            self._log.exception("reply_delivery_bug", exc_info=exc)
+            exc = DeliveryError(ErrorClass.INTERNAL, "unexpected error in the sink")
         self.gave_up = exc
         self._log.warning(
             "reply_delivery_failed", error_class=exc.error_class.value, error=exc.message

@@ -98,14 +98,11 @@ class TelegramReplySink(PacedReplySink):
 
     @abstractmethod
     async def _push_partial(self, text: str) -> bool:
-        """Show ``text`` as the reply so far; True once something is visible.
-
-        May raise ``TelegramApiError``.
-        """
+        """Show the reply so far; True once something is visible. Raises ``TelegramApiError``."""
 
     @abstractmethod
     async def _deliver_final(self, text: str) -> None:
-        """Deliver ``text`` completely, waiting out 429s; may raise ``TelegramApiError``."""
+        """Deliver ``text`` completely, waiting out 429s. Raises ``TelegramApiError``."""
 
     # -- the pump's delivery ---------------------------------------------------------
 
@@ -116,24 +113,18 @@ class TelegramReplySink(PacedReplySink):
         return self._api.pacer.delay(self._target.chat_id)
 
     async def _push(self, text: str, *, final: bool) -> bool:
-        if final:
-            await self._stop_typing()
-            try:
-                await self._deliver_final(text if text.strip() else EMPTY_REPLY_TEXT)
-            except TelegramApiError as exc:
-                raise DeliveryError(exc.error_class, str(exc)) from None
-            return False
         try:
-            visible = await self._push_partial(text)
+            if final:
+                await self._stop_typing()
+                await self._deliver_final(text if text.strip() else EMPTY_REPLY_TEXT)
+            elif await self._push_partial(text):
+                await self._stop_typing()
         except TelegramApiError as exc:
-            if _is_fatal(exc):
-                self._fatal = True
+            self._fatal = _is_fatal(exc)
+            if final or self._fatal:
                 raise DeliveryError(exc.error_class, str(exc)) from None
             # Dropped: the newest text goes out with the next step or the final delivery.
             self._log.info("telegram_preview_dropped", error=str(exc))
-            return False
-        if visible:
-            await self._stop_typing()
         return False
 
     async def _apologise(self, error_class: ErrorClass, user_message: str) -> None:
