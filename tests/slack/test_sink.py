@@ -342,3 +342,23 @@ async def test_a_stop_lets_the_call_in_flight_land_and_closes_that_very_stream(
     assert message.text == "The answer is 42, \n\n_Stopped._"
     assert not message.streaming
     assert slack_api.arrived.count("chat.startStream") == 1
+
+
+async def test_a_turn_stopped_inside_finish_still_closes_its_stream(
+    slack_api: FakeSlackApi, make_channel: MakeChannel
+) -> None:
+    # The turn's task is cancelled while the final push is on its way: the pump
+    # finishes that push (the stream is closed), then the apology follows it.
+    slack_api.delays["chat.startStream"] = 0.5
+    sink = open_sink(make_channel(streaming="stream"))
+    await sink.start()
+    finishing = asyncio.create_task(sink.finish("All done here."))
+    await _until(lambda: "chat.startStream" in slack_api.arrived, "chat.startStream in flight")
+    finishing.cancel()
+    await asyncio.wait({finishing})
+    await sink.fail(ErrorClass.CANCELLED, "Stopped.")
+    await _until(lambda: slack_api.calls_to("chat.startStream") != [], "chat.startStream answered")
+    shown = slack_api.thread(CHANNEL, THREAD)
+    assert [m.text for m in shown] == ["All done here.", "_Stopped._"]
+    assert not any(m.streaming for m in shown)
+    assert slack_api.arrived.count("chat.startStream") == 1
