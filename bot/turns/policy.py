@@ -1,4 +1,4 @@
-"""What the turn runner applies beyond the core pipeline (issue 8), in one bundle.
+"""What the turn runner applies beyond the core pipeline, in one bundle.
 
 Each part is optional so the runner works without any of them: compaction of
 long conversations, per-tenant cache salts, fair-use accounting and coalescing

@@ -264,7 +264,7 @@ class TurnRunner:
 
     @staticmethod
     def _policy_fields(progress: _Progress) -> dict[str, Any]:
-        """Issue-8 facts of a turn, only when they happened (log line, done event)."""
+        """What the turn policy did to a turn, only when it happened (log line, done event)."""
         fields: dict[str, Any] = {}
         if progress.compaction_id is not None:
             fields["compaction_id"] = progress.compaction_id
