@@ -21,11 +21,13 @@ from pathlib import Path
 import click
 
 from bot.channels.telegram.cli import telegram
+from bot.chat_client import chat
 from bot.cli_common import Context, pass_context
 from bot.cli_conversations import conversations
 from bot.cli_db import db
 from bot.cli_doctor import doctor
 from bot.cli_keys import keys
+from bot.cli_limits import limits
 from bot.config import DEFAULT_DEMO_MODEL_DIR
 
 __all__ = ["Context", "main", "pass_context"]
@@ -111,10 +113,8 @@ main.add_command(keys)
 main.add_command(conversations)
 main.add_command(doctor)
 main.add_command(telegram)
-
-
-main.add_command(__import__("bot.cli_limits", fromlist=["limits"]).limits)  # issue 8
-main.add_command(__import__("bot.chat_client", fromlist=["chat"]).chat)  # issue 3
+main.add_command(limits)
+main.add_command(chat)
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())

@@ -182,8 +182,8 @@ class Turn(Base):
     """Renewed while the turn runs; once past, another worker may take the turn over."""
     cancel_requested_at: Mapped[dt.datetime | None]
     """Set by a worker asked to stop a turn that runs on another; that one's poller stops it."""
-    # Issue 8: fair use is counted per API key; a coalesced turn points at the turn that
-    # answered it; a turn that rebuilt the conversation's base names that compaction.
+    # Fair use is counted per API key; a coalesced turn points at the turn that answered
+    # it; a turn that rebuilt the conversation's base names that compaction.
     api_key_id: Mapped[str | None] = mapped_column(String(32))
     coalesced_into: Mapped[str | None] = mapped_column(String(32))
     compaction_id: Mapped[str | None] = mapped_column(String(32))

@@ -140,6 +140,8 @@ class FakeSlackApi:
         self.workspaces: dict[str, Workspace] = {}
         self.users: dict[tuple[str, str], dict[str, Any]] = {}
         self.calls: list[Call] = []
+        self.arrived: list[str] = []
+        """Methods in the order their requests came in, answered or not yet."""
         self.messages: dict[tuple[str, str], Message] = {}
         self.channel_errors: dict[str, str] = {}
         self.unchanged_updates = 0
@@ -254,6 +256,7 @@ class FakeSlackApi:
 
     async def _handle(self, request: web.Request) -> web.Response:
         method = request.match_info["method"]
+        self.arrived.append(method)
         try:
             args = await self._read_args(request)
         except (ValueError, json.JSONDecodeError):

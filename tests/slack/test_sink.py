@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Callable
 
 import aiohttp
 import pytest
@@ -315,3 +317,48 @@ async def test_empty_reply_sends_nothing(
     await sink.finish("")
     assert slack_api.calls == []
     assert BOT_USER  # the fake's bot identity stays untouched
+
+
+async def _until(predicate: Callable[[], bool], what: str, within: float = 10.0) -> None:
+    deadline = time.monotonic() + within
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.01)
+
+
+async def test_a_stop_lets_the_call_in_flight_land_and_closes_that_very_stream(
+    slack_api: FakeSlackApi, make_channel: MakeChannel
+) -> None:
+    # Cut off mid-call, chat.startStream still lands on Slack but its ts is lost: the
+    # stream would stay open beside a second message carrying the apology.
+    slack_api.delays["chat.startStream"] = 0.5
+    sink = open_sink(make_channel(streaming="stream"))
+    await sink.start()
+    await sink.delta("The answer is 42, ")
+    await _until(lambda: "chat.startStream" in slack_api.arrived, "chat.startStream in flight")
+    await sink.fail(ErrorClass.CANCELLED, "Stopped.")
+    await _until(lambda: slack_api.calls_to("chat.startStream") != [], "chat.startStream answered")
+    [message] = slack_api.thread(CHANNEL, THREAD)
+    assert message.text == "The answer is 42, \n\n_Stopped._"
+    assert not message.streaming
+    assert slack_api.arrived.count("chat.startStream") == 1
+
+
+async def test_a_turn_stopped_inside_finish_still_closes_its_stream(
+    slack_api: FakeSlackApi, make_channel: MakeChannel
+) -> None:
+    # The turn's task is cancelled while the final push is on its way: the pump
+    # finishes that push (the stream is closed), then the apology follows it.
+    slack_api.delays["chat.startStream"] = 0.5
+    sink = open_sink(make_channel(streaming="stream"))
+    await sink.start()
+    finishing = asyncio.create_task(sink.finish("All done here."))
+    await _until(lambda: "chat.startStream" in slack_api.arrived, "chat.startStream in flight")
+    finishing.cancel()
+    await asyncio.wait({finishing})
+    await sink.fail(ErrorClass.CANCELLED, "Stopped.")
+    await _until(lambda: slack_api.calls_to("chat.startStream") != [], "chat.startStream answered")
+    shown = slack_api.thread(CHANNEL, THREAD)
+    assert [m.text for m in shown] == ["All done here.", "_Stopped._"]
+    assert not any(m.streaming for m in shown)
+    assert slack_api.arrived.count("chat.startStream") == 1

@@ -45,6 +45,7 @@ class Receiver:
     delay_s: float = 0.0
     in_flight: int = 0
     accepted_one: asyncio.Event = field(default_factory=asyncio.Event)
+    arrived_one: asyncio.Event = field(default_factory=asyncio.Event)
     max_in_flight: int = 0
 
     @property
@@ -54,6 +55,7 @@ class Receiver:
     async def handle(self, request: web.Request) -> web.Response:
         body = await request.read()
         self.in_flight += 1
+        self.arrived_one.set()
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:
             if self.delay_s:

@@ -1,9 +1,8 @@
 """``ReplySink`` for Slack: the turn's text in, paced Web API calls out.
 
-``delta`` only records the latest text and wakes a pump task; the pump waits
-for the next call slot, then pushes whatever the text is by then, so
-intermediate states are dropped, never queued. Failures are kept and raised
-from the next ``delta`` / ``finish`` as ``DeliveryError``:
+The paced pump (``bot.channels.pump``) pushes the newest text at each call
+slot of the current delivery. Failures are kept and raised from the next
+``delta`` / ``finish`` as ``DeliveryError``:
 
 - 429: the pump waits out ``Retry-After`` (all replies of the workspace do) and
   pushes again, giving up once the waits add up to ``max_retry_wait_s``;
@@ -18,11 +17,11 @@ when Slack ends a stream early (the same message is edited from then on).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from typing import Any
 
 import structlog
 
+from bot.channels.pump import PacedReplySink
 from bot.channels.slack.api import SlackCallError
 from bot.channels.slack.deliveries import (
     Delivery,
@@ -43,62 +42,66 @@ TRANSIENT_BACKOFF_S = 0.5
 _INCOMPLETE = "\ufffd"
 
 
-class SlackReplySink:
+class SlackReplySink(PacedReplySink):
     def __init__(self, out: Outbound, target: ReplyTarget, *, turn_id: str) -> None:
+        super().__init__(
+            log=log.bind(turn_id=turn_id, slack_channel=target.channel_id),
+            task_name=f"slack-reply-{turn_id}",
+        )
         self._out = out
         self._target = target
-        self._log = log.bind(turn_id=turn_id, slack_channel=target.channel_id)
         self._delivery: Delivery = (
             StreamDelivery(out, target)
             if out.streams(target.team_id)
             else UpdateDelivery(out, target)
         )
-        self._latest = ""
-        self._final = False
-        self._wake = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
-        self._error: DeliveryError | None = None
         self._fatal = False
+        self._transient = 0
         self._rate_waited_s = 0.0
-        self.calls_failed = 0
 
-    @property
-    def mode(self) -> str:
-        return "stream" if isinstance(self._delivery, StreamDelivery) else "update"
+    def _next_delay(self) -> float:
+        return self._delivery.next_delay()
 
-    def _ensure_pump(self) -> asyncio.Task[None]:
-        if self._task is None:
-            self._task = asyncio.create_task(self._pump(), name="slack-reply-pump")
-        return self._task
-
-    async def start(self) -> None:
-        self._ensure_pump()
-
-    async def delta(self, text_so_far: str) -> None:
-        if self._error is not None:
-            raise self._error
-        self._latest = text_so_far
-        self._wake.set()
-        self._ensure_pump()
-
-    async def finish(self, text: str) -> None:
-        if self._error is not None:
-            raise self._error
-        self._latest = text
-        self._final = True
-        self._wake.set()
-        task = self._ensure_pump()
+    async def _push(self, text: str, *, final: bool) -> bool:
         try:
-            await asyncio.shield(task)
-        except asyncio.CancelledError:
-            task.cancel()
-            raise
-        if self._error is not None:
-            raise self._error
+            await self._delivery.push(text if final else text.rstrip(_INCOMPLETE), final=final)
+        except StreamingUnsupported as exc:
+            self._log.info("slack_streaming_unsupported", error=str(exc))
+            self._out.streaming_unsupported(self._target.team_id)
+            self._delivery = UpdateDelivery(self._out, self._target)
+            return True
+        except StreamExpired as exc:
+            self._log.info("slack_stream_expired")
+            self._delivery = exc.fallback
+            return True
+        except StoppedByUser:
+            # The user ended the message; a "Stopped." apology would only be noise.
+            self._fatal = True
+            raise DeliveryError(ErrorClass.CANCELLED, "stopped_by_user") from None
+        except SlackCallError as exc:
+            return await self._after_call_error(exc)
+        self._transient = 0
+        return False
 
-    async def fail(self, error_class: ErrorClass, user_message: str) -> None:
-        """Stop delivering and, where Slack still takes it, post a short apology."""
-        await self._stop_pump()
+    async def _after_call_error(self, exc: SlackCallError) -> bool:
+        """True to push again: a 429 within budget, or a transient error within its retries."""
+        if exc.retry_after is not None:
+            self._rate_waited_s += exc.retry_after
+            if self._rate_waited_s > self._out.settings.max_retry_wait_s:
+                raise DeliveryError(
+                    ErrorClass.RATE_LIMITED, f"{exc}; waited {self._rate_waited_s:.0f} s"
+                )
+            self._log.info("slack_rate_limited", method=exc.method, retry_after=exc.retry_after)
+            return True
+        if exc.transient and self._transient < MAX_TRANSIENT_RETRIES:
+            self._transient += 1
+            await asyncio.sleep(TRANSIENT_BACKOFF_S * 2 ** (self._transient - 1))
+            return True
+        self._fatal = exc.fatal
+        raise DeliveryError(exc.error_class, str(exc))
+
+    async def _apologise(self, error_class: ErrorClass, user_message: str) -> None:
+        """Where Slack still takes it, post a short apology."""
         if self._fatal or error_class is ErrorClass.AUTH:
             self._log.info("slack_apology_skipped", error_class=error_class.value)
             return
@@ -114,73 +117,7 @@ class SlackReplySink:
                 await asyncio.sleep(retry)
         self._log.warning("slack_apology_failed", error="ratelimited")
 
-    async def _stop_pump(self) -> None:
-        if self._task is not None and not self._task.done():
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-
-    def _give_up(self, error_class: ErrorClass, message: str, *, fatal: bool = False) -> None:
-        self._error = DeliveryError(error_class, message)
-        self._fatal = fatal
-        self._log.warning("slack_delivery_failed", error_class=error_class.value, error=message)
-
-    async def _pump(self) -> None:
-        transient = 0
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
-            delay = self._delivery.next_delay()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            final = self._final
-            text = self._latest if final else self._latest.rstrip(_INCOMPLETE)
-            try:
-                await self._delivery.push(text, final=final)
-            except StreamingUnsupported as exc:
-                self._log.info("slack_streaming_unsupported", error=str(exc))
-                self._out.streaming_unsupported(self._target.team_id)
-                self._delivery = UpdateDelivery(self._out, self._target)
-                self._wake.set()
-                continue
-            except StreamExpired as exc:
-                self._log.info("slack_stream_expired")
-                self._delivery = exc.fallback
-                self._wake.set()
-                continue
-            except StoppedByUser:
-                # The user ended the message; a "Stopped." apology would only be noise.
-                self._give_up(ErrorClass.CANCELLED, "stopped_by_user", fatal=True)
-                return
-            except SlackCallError as exc:
-                self.calls_failed += 1
-                if exc.retry_after is not None:
-                    self._rate_waited_s += exc.retry_after
-                    if self._rate_waited_s > self._out.settings.max_retry_wait_s:
-                        self._give_up(
-                            ErrorClass.RATE_LIMITED, f"{exc}; waited {self._rate_waited_s:.0f} s"
-                        )
-                        return
-                    self._log.info(
-                        "slack_rate_limited", method=exc.method, retry_after=exc.retry_after
-                    )
-                    self._wake.set()
-                    continue
-                if exc.transient and transient < MAX_TRANSIENT_RETRIES:
-                    transient += 1
-                    await asyncio.sleep(TRANSIENT_BACKOFF_S * 2 ** (transient - 1))
-                    self._wake.set()
-                    continue
-                self._give_up(exc.error_class, str(exc), fatal=exc.fatal)
-                return
-            except Exception:
-                self._log.exception("slack_delivery_bug")
-                self._give_up(ErrorClass.INTERNAL, "unexpected error in the Slack sink")
-                return
-            transient = 0
-            if final:
-                return
-
     def describe(self) -> dict[str, Any]:
         """For the turn's log line."""
-        return {"mode": self.mode, "rate_waited_s": round(self._rate_waited_s, 3)}
+        mode = "stream" if isinstance(self._delivery, StreamDelivery) else "update"
+        return {"mode": mode, "rate_waited_s": round(self._rate_waited_s, 3)}

@@ -6,9 +6,7 @@ from bot.channels.base import ReplySink, TurnAddress
 from bot.channels.telegram.api import TelegramApi
 from bot.channels.telegram.render import Renderer
 from bot.channels.telegram.settings import TelegramBotSettings
-from bot.channels.telegram.sink_base import ReplyTarget
-from bot.channels.telegram.sink_group import GroupReplySink
-from bot.channels.telegram.sink_private import PrivateReplySink
+from bot.channels.telegram.sink import GroupReplySink, PrivateReplySink, ReplyTarget
 
 
 class TelegramChannel:

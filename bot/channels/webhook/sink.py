@@ -1,12 +1,13 @@
 """``ReplySink`` for the generic webhook: ordered, signed chunk callbacks, then a final one.
 
-``delta`` records the text so far and wakes a pump task. The pump sends one
-callback at a time and only after the previous one was acknowledged, so the
-receiver gets ``seq`` 0, 1, 2, ... in order; text that arrives meanwhile is
-merged into the next chunk (never queued as many small ones). ``finish`` waits
-for the remaining text and then the ``final`` message (full text and usage).
-Once a callback gives up, the error is raised from the next ``delta`` /
-``finish`` and the turn fails as ``delivery``.
+The paced pump (``bot.channels.pump``) sends one callback at a time and only
+after the previous one was acknowledged, so the receiver gets ``seq`` 0, 1,
+2, ... in order; text that arrives meanwhile is merged into the next chunk
+(never queued as many small ones), at most one chunk per
+``chunk_interval_s``. ``finish`` sends the remaining text and then the
+``final`` message (full text and usage). Once a callback gives up, the error
+is raised from the next ``delta`` / ``finish`` and the turn fails as
+``delivery``.
 
 Bodies (see docs/webhook.md)::
 
@@ -17,16 +18,20 @@ Bodies (see docs/webhook.md)::
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
+import time
 from typing import Any
 
+import structlog
+
 from bot.channels.base import TurnAddress
+from bot.channels.pump import PacedReplySink
 from bot.channels.webhook.callbacks import CallbackClient
-from bot.errors import DeliveryError, ErrorClass
+from bot.errors import ErrorClass
+
+log = structlog.get_logger(__name__)
 
 
-class WebhookReplySink:
+class WebhookReplySink(PacedReplySink):
     def __init__(
         self,
         callbacks: CallbackClient,
@@ -35,6 +40,10 @@ class WebhookReplySink:
         webhook: str,
         chunk_interval_s: float,
     ) -> None:
+        super().__init__(
+            log=log.bind(turn_id=address.turn_id, webhook=webhook),
+            task_name=f"webhook-reply-{address.turn_id}",
+        )
         self._callbacks = callbacks
         self._envelope: dict[str, Any] = {
             "webhook": webhook,
@@ -44,79 +53,37 @@ class WebhookReplySink:
         }
         self._turn_id = address.turn_id
         self._interval = chunk_interval_s
-        self._latest = ""
         self._sent = 0
         self._seq = 0
-        self._final = False
+        self._next_chunk_at = 0.0
         self._usage: dict[str, int | None] = {}
-        self._wake = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
-        self._error: DeliveryError | None = None
-
-    # -- ReplySink -------------------------------------------------------------------
-
-    async def start(self) -> None:
-        return None
-
-    async def delta(self, text_so_far: str) -> None:
-        if self._error is not None:
-            raise self._error
-        self._latest = text_so_far
-        self._wake.set()
-        self._ensure_pump()
 
     def set_usage(self, usage: dict[str, int | None]) -> None:
         self._usage = dict(usage)
 
-    async def finish(self, text: str) -> None:
-        if self._error is not None:
-            raise self._error
-        self._latest = text
-        self._final = True
-        self._wake.set()
-        await self._ensure_pump()
-        if self._error is not None:
-            raise self._error
+    # -- the pump's delivery ---------------------------------------------------------
 
-    async def fail(self, error_class: ErrorClass, user_message: str) -> None:
-        if self._task is not None and not self._task.done():
-            # Stop streaming; a chunk cut off mid-POST may or may not have arrived,
-            # which is why the error message carries the next seq after the last sent.
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-        if self._error is not None:
+    def _next_delay(self) -> float:
+        return self._next_chunk_at - time.monotonic()
+
+    async def _push(self, text: str, *, final: bool) -> bool:
+        if len(text) > self._sent:
+            piece = text[self._sent :]
+            await self._send({"type": "chunk", "offset": self._sent, "text": piece})
+            self._sent += len(piece)
+            self._next_chunk_at = time.monotonic() + self._interval
+        if final:
+            await self._send({"type": "final", "text": text, "usage": self._usage})
+        return False
+
+    async def _apologise(self, error_class: ErrorClass, user_message: str) -> None:
+        if self.gave_up is not None:
             # The receiver is the thing that failed: another round of retries would fail too.
             return
+        # After every chunk the receiver got: the pump never cuts a callback off mid-POST.
         await self._send(
             {"type": "error", "error_class": error_class.value, "message": user_message}
         )
-
-    # -- the pump --------------------------------------------------------------------
-
-    def _ensure_pump(self) -> asyncio.Task[None]:
-        if self._task is None:
-            self._task = asyncio.create_task(self._pump(), name=f"webhook-reply-{self._turn_id}")
-        return self._task
-
-    async def _pump(self) -> None:
-        try:
-            while True:
-                if len(self._latest) > self._sent:
-                    piece = self._latest[self._sent :]
-                    await self._send({"type": "chunk", "offset": self._sent, "text": piece})
-                    self._sent += len(piece)
-                    if self._interval and not self._final:
-                        await asyncio.sleep(self._interval)
-                    continue
-                if self._final:
-                    await self._send({"type": "final", "text": self._latest, "usage": self._usage})
-                    return
-                # No await between the check above and clear(): a delta cannot slip in between.
-                self._wake.clear()
-                await self._wake.wait()
-        except DeliveryError as exc:
-            self._error = exc
 
     async def _send(self, body: dict[str, Any]) -> None:
         seq = self._seq
