@@ -41,6 +41,12 @@ DEFAULT_DATABASE_URL = f"sqlite+aiosqlite:///{DEFAULT_DATA_DIR / 'bot.db'}"
 DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant. Answer briefly."
 DEFAULT_MAX_BODY_BYTES = 64 * 1024
 DEFAULT_MAX_TEXT_CHARS = 8000
+# Greedy decoding: small chat models (SmolLM2-135M, the `make run` default) wander off at
+# any temperature (at 0.3 it lists Paris districts until max_tokens). A repetition
+# penalty is no cure: vLLM applies it to the prompt too, and at 1.1 the model no longer
+# repeats a name it was told ("Zoltan" came back as "Zlatin").
+DEFAULT_TEMPERATURE = 0.0
+DEFAULT_TOP_P = 1.0
 
 
 class _Section(BaseModel):
@@ -120,8 +126,9 @@ class WorkerSettings(_Section):
 
 class GenerationSettings(_Section):
     max_tokens: int = Field(128, gt=0)
-    temperature: float = Field(0.7, ge=0)
-    top_p: float = Field(0.95, gt=0, le=1)
+    temperature: float = Field(DEFAULT_TEMPERATURE, ge=0)
+    """0 is greedy: deterministic, and what small models answer best with."""
+    top_p: float = Field(DEFAULT_TOP_P, gt=0, le=1)
 
 
 class ChatSettings(_Section):

