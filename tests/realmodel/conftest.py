@@ -97,3 +97,7 @@ async def make_real_client(
     yield factory
     for client in clients:
         await client.close()
+
+
+# The headless browser of the page tests, for the page on the real model.
+from tests.web.conftest import browser  # noqa: E402, F401
