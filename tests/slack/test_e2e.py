@@ -14,7 +14,7 @@ import pytest
 from aiohttp.test_utils import TestClient
 from slack_sdk.signature import SignatureVerifier
 
-from bot.channels.slack.mrkdwn import markdown_to_mrkdwn
+from bot.channels.slack.render import render_reply
 from bot.http.keys import TURNS
 from tests.conftest import MakeClient
 from tests.fakes.slack_api import FakeSlackApi
@@ -227,7 +227,7 @@ async def test_dms_are_one_conversation_without_names(
     assert first.conversation_id == second.conversation_id
     assert first.user_name is None and second.user_name is None
     # Update mode in a DM: plain top-level replies (an all-blank reply is never posted).
-    rendered = [markdown_to_mrkdwn(t.reply_text or "").rstrip() for t in (first, second)]
+    rendered = [render_reply(t.reply_text or "").text for t in (first, second)]
     assert slack_api.thread_text(DM, None) == [text for text in rendered if text.strip()]
     assert not slack_api.calls_to("users.info")
 
@@ -283,7 +283,7 @@ async def test_reply_reaches_the_thread_with_either_api(
         assert message.via == "stream" and message.text == turn.reply_text
     else:
         assert message.via == "post"
-        assert message.text == markdown_to_mrkdwn(turn.reply_text or "").rstrip()
+        assert message.text == render_reply(turn.reply_text or "").text
     assert slack_api.unchanged_updates == 0
     assert all(
         (c.args.get("text") or c.args.get("markdown_text") or "").strip()
@@ -307,9 +307,7 @@ async def test_429_from_slack_is_waited_out(
     assert turn.status == "done", turn.error_message
     assert [c for c in slack_api.calls if c.status == 429], "no 429 provoked"
     assert slack_api.violations == 0
-    assert slack_api.thread_text(CHANNEL, THREAD) == [
-        markdown_to_mrkdwn(turn.reply_text or "").rstrip()
-    ]
+    assert slack_api.thread_text(CHANNEL, THREAD) == [render_reply(turn.reply_text or "").text]
 
 
 @pytest.mark.parametrize("streaming", ["stream", "update"])

@@ -1,41 +1,11 @@
-"""Markdown -> mrkdwn, and cutting long replies into messages."""
+"""A reply as a Slack message (Markdown block + plain text), and cut into messages."""
 
 from __future__ import annotations
 
 import pytest
 
 from bot.channels.slack.chunks import first_cut, split
-from bot.channels.slack.mrkdwn import markdown_to_mrkdwn
-
-
-@pytest.mark.parametrize(
-    ("markdown", "mrkdwn"),
-    [
-        ("**bold** and __bold__", "*bold* and *bold*"),
-        ("*italic* and _italic_", "_italic_ and _italic_"),
-        ("***both***", "*_both_*"),
-        ("~~gone~~", "~gone~"),
-        (
-            "see [the docs](https://example.com/x?a=1&b=2)",
-            "see <https://example.com/x?a=1&amp;b=2|the docs>",
-        ),
-        ("# Title\n## Sub **x**", "*Title*\n*Sub x*"),
-        ("- one\n* two\n  + nested", "• one\n• two\n  • nested"),
-        ("1 < 2 & 3 > 2", "1 &lt; 2 &amp; 3 &gt; 2"),
-        ("> quoted **x**", "> quoted *x*"),
-        ("use `a**b**<c>` here", "use `a**b**&lt;c&gt;` here"),
-        ("```python\nif a < b:\n    **x**\n```", "```\nif a &lt; b:\n    **x**\n```"),
-        ("2 * 3 * 4", "2 * 3 * 4"),
-        ("snake_case_name", "snake_case_name"),
-        ("---", "──────────"),
-    ],
-)
-def test_markdown_to_mrkdwn(markdown: str, mrkdwn: str) -> None:
-    assert markdown_to_mrkdwn(markdown) == mrkdwn
-
-
-def test_a_fence_still_open_mid_stream_is_closed() -> None:
-    assert markdown_to_mrkdwn("code:\n```\nx = 1") == "code:\n```\nx = 1\n```"
+from bot.channels.slack.render import MARKDOWN_BLOCK_MAX_CHARS, plain_text, render_reply
 
 
 def test_short_text_is_one_message() -> None:
@@ -74,3 +44,73 @@ def test_streamed_characters_are_never_taken_back() -> None:
     text = "a" * 90 + " " + "b" * 30
     cut = first_cut(text, 100, min_index=95)
     assert cut is not None and cut.consumed >= 95
+
+
+# -- the message sent by chat.postMessage / chat.update ------------------------------
+
+MODEL_REPLY = """## Steps
+
+1. Install with `pip install x`
+2. Run **it**:
+
+```bash
+x --fast < in.txt
+```
+
+| a | b |
+|---|---|
+| 1 | 2 |
+
+See [docs](https://example.com/a_(b)).
+"""
+
+
+def test_a_reply_goes_as_a_markdown_block_with_plain_text_beside_it() -> None:
+    message = render_reply(MODEL_REPLY)
+    # Standard Markdown, as written: Slack renders lists, code, tables and links itself.
+    assert message.blocks == [{"type": "markdown", "text": MODEL_REPLY.strip()}]
+    assert message.text == (
+        "Steps\n\n"
+        "1. Install with pip install x\n"
+        "2. Run it:\n\n"
+        "x --fast &lt; in.txt\n"
+        "a | b\n"
+        "1 | 2\n\n"
+        "See docs (https://example.com/a_(b))."
+    )
+
+
+@pytest.mark.parametrize(
+    ("markdown", "text"),
+    [
+        ("***both*** and ~~gone~~", "both and gone"),
+        ("> quoted **x**", "quoted x"),
+        ("- one\n- two\n  - nested", "• one\n• two\n  • nested"),
+        ("~~~\ncode <b>\n~~~", "code <b>"),
+        ("<!channel> & <b>raw</b>", "<!channel> & <b>raw</b>"),
+        ("[https://a.b](https://a.b)", "https://a.b"),
+        ("line one\nline two", "line one\nline two"),
+    ],
+)
+def test_plain_text_drops_markup_and_keeps_meaning(markdown: str, text: str) -> None:
+    assert plain_text(markdown) == text
+
+
+def test_slack_markup_in_the_text_is_escaped() -> None:
+    # Unescaped, <!channel> would notify everyone in the channel.
+    assert (
+        render_reply("hey <!channel> & <@U123>").text == "hey &lt;!channel&gt; &amp; &lt;@U123&gt;"
+    )
+
+
+def test_a_partial_reply_is_sent_as_typed_so_far() -> None:
+    message = render_reply("Here is **half")
+    assert message.blocks == [{"type": "markdown", "text": "Here is **half"}]
+    assert message.text == "Here is **half"
+
+
+def test_text_past_the_block_limit_goes_as_plain_text_alone() -> None:
+    long = "word " * (MARKDOWN_BLOCK_MAX_CHARS // 5 + 1)
+    message = render_reply(long)
+    assert message.blocks is None and message.text == long.strip()
+    assert render_reply("   ").blocks is None

@@ -12,7 +12,7 @@ import pytest
 from bot.channels.base import TurnAddress
 from bot.channels.slack.channel import SlackChannel
 from bot.channels.slack.chunks import split
-from bot.channels.slack.mrkdwn import markdown_to_mrkdwn
+from bot.channels.slack.render import render_reply
 from bot.channels.slack.sink import SlackReplySink
 from bot.errors import DeliveryError, ErrorClass
 from tests.fakes.slack_api import FakeSlackApi
@@ -75,14 +75,16 @@ async def test_stream_mode_streams_markdown_into_the_thread(
     assert all(c.ok for c in slack_api.calls)
 
 
-async def test_update_mode_posts_then_edits_in_mrkdwn(
+async def test_update_mode_posts_then_edits_a_markdown_block_with_plain_text(
     slack_api: FakeSlackApi, make_channel: MakeChannel
 ) -> None:
     sink = open_sink(make_channel(streaming="update"))
     await play(sink, REPLY)
     [message] = slack_api.thread(CHANNEL, THREAD)
     assert message.via == "post"
-    assert message.text == markdown_to_mrkdwn(REPLY)
+    assert message.blocks == [{"type": "markdown", "text": REPLY}]
+    assert message.text == render_reply(REPLY).text
+    assert all(call.args.get("blocks") for call in slack_api.calls_to("chat.update"))
     assert message.edits >= 1
     assert slack_api.unchanged_updates == 0
     assert not slack_api.calls_to("chat.startStream")
@@ -106,7 +108,7 @@ async def test_auto_falls_back_when_the_workspace_cannot_stream(
     slack_api.workspaces[TOKEN].streaming = False
     channel = make_channel(streaming="auto")
     await play(open_sink(channel), REPLY)
-    assert slack_api.thread_text(CHANNEL, THREAD) == [markdown_to_mrkdwn(REPLY)]
+    assert slack_api.thread_text(CHANNEL, THREAD) == [render_reply(REPLY).text]
     assert [c.response["error"] for c in slack_api.calls_to("chat.startStream")] == [
         "unknown_method"
     ]
@@ -126,8 +128,8 @@ async def test_long_update_reply_continues_in_further_messages(
     shown = slack_api.thread_text(CHANNEL, THREAD)
     assert len(shown) == len(text) // 4000 + 1 or len(shown) == len(text) // 4000 + 2
     assert all(0 < len(part) <= 4000 for part in shown)
-    # Plain prose: mrkdwn leaves it unchanged; each message is trimmed at the cut.
-    assert shown == [piece.rstrip() for piece in split(text, 4000)]
+    # Each message shows its own piece of the reply.
+    assert shown == [render_reply(piece).text for piece in split(text, 4000)]
     assert slack_api.unchanged_updates == 0
 
 
@@ -165,7 +167,7 @@ async def test_429_is_waited_out_and_the_final_text_still_lands(
     slack_api.intervals["chat.update"] = 0.3
     sink = open_sink(make_channel(streaming="update", update_interval_s=0.01))
     await play(sink, REPLY, step=3, pause=0.01)
-    assert slack_api.thread_text(CHANNEL, THREAD) == [markdown_to_mrkdwn(REPLY)]
+    assert slack_api.thread_text(CHANNEL, THREAD) == [render_reply(REPLY).text]
     limited = [c for c in slack_api.calls if c.status == 429]
     assert limited, "the test should have provoked a 429"
     assert slack_api.violations == 0, "a call went out before Retry-After had passed"
@@ -263,7 +265,11 @@ async def test_a_stream_slack_ended_goes_on_by_editing_the_same_message(
     slack_api.expire_stream(CHANNEL, message.ts)
     await sink.delta("First part, then **more**")
     await sink.finish("First part, then **more** and the end.")
-    assert slack_api.thread_text(CHANNEL, THREAD) == ["First part, then *more* and the end."]
+    assert slack_api.thread_text(CHANNEL, THREAD) == ["First part, then more and the end."]
+    [message] = slack_api.thread(CHANNEL, THREAD)
+    assert message.blocks == [
+        {"type": "markdown", "text": "First part, then **more** and the end."}
+    ]
 
 
 async def test_user_pressing_stop_cancels_delivery(

@@ -159,14 +159,34 @@ class SlackApi:
     async def users_info(self, user: str) -> dict[str, Any]:
         return await self._call("users.info", user=user)
 
-    async def post_message(self, *, channel: str, text: str, thread_ts: str | None = None) -> str:
+    async def post_message(
+        self,
+        *,
+        channel: str,
+        text: str,
+        thread_ts: str | None = None,
+        blocks: list[dict[str, Any]] | None = None,
+    ) -> str:
         data = await self._call(
-            "chat.postMessage", channel=channel, text=text, thread_ts=thread_ts, mrkdwn=True
+            "chat.postMessage",
+            channel=channel,
+            text=text,
+            thread_ts=thread_ts,
+            mrkdwn=True,
+            **({"blocks": blocks} if blocks else {}),
         )
         return _ts(data, "chat.postMessage")
 
-    async def update(self, *, channel: str, ts: str, text: str) -> None:
-        await self._call("chat.update", channel=channel, ts=ts, text=text)
+    async def update(
+        self, *, channel: str, ts: str, text: str, blocks: list[dict[str, Any]] | None = None
+    ) -> None:
+        await self._call(
+            "chat.update",
+            channel=channel,
+            ts=ts,
+            text=text,
+            **({"blocks": blocks} if blocks else {}),
+        )
 
     async def start_stream(
         self,

@@ -5,7 +5,8 @@ the calls needed to go from what Slack shows now to ``text``, recording each
 success at once, so a push interrupted by an error can simply be repeated.
 
 - ``StreamDelivery``: chat.startStream / appendStream / stopStream, Markdown as is.
-- ``UpdateDelivery``: chat.postMessage, then chat.update of the same message, in mrkdwn.
+- ``UpdateDelivery``: chat.postMessage, then chat.update of the same message: a Markdown
+  block with plain text beside it (``render``).
 
 Both close a message at ``max_message_chars`` and go on in a new one.
 """
@@ -16,8 +17,8 @@ from typing import NoReturn, Protocol
 
 from bot.channels.slack import chunks
 from bot.channels.slack.api import SlackCallError
-from bot.channels.slack.mrkdwn import escape, markdown_to_mrkdwn
 from bot.channels.slack.outbound import STREAMING_UNSUPPORTED_ERRORS, Outbound, ReplyTarget
+from bot.channels.slack.render import SlackMessage, escape, render_reply
 from bot.channels.slack.settings import SLACK_MAX_TEXT_CHARS
 
 # markdown_text of one chat.startStream / appendStream / stopStream call.
@@ -64,7 +65,7 @@ class UpdateDelivery:
         self._target = target
         self._limit = out.settings.max_message_chars
         self._ts = ts
-        self._shown: str | None = None
+        self._shown: SlackMessage | None = None
         self._consumed = consumed
         self._carry = carry
 
@@ -73,13 +74,13 @@ class UpdateDelivery:
             return self._out.delay("chat.postMessage", self._target, None)
         return self._out.delay("chat.update", self._target, self._ts)
 
-    def _body(self, rest: str) -> tuple[str, chunks.Cut | None]:
-        """The current message's mrkdwn; escaping can lengthen it past Slack's limit."""
+    def _body(self, rest: str) -> tuple[SlackMessage, chunks.Cut | None]:
+        """The current message; escaping can lengthen its text past Slack's limit."""
         limit = self._limit
         while True:
             cut = chunks.first_cut(rest, limit)
-            rendered = markdown_to_mrkdwn(cut.piece if cut else rest).rstrip()
-            if len(rendered) <= SLACK_MAX_TEXT_CHARS:
+            rendered = render_reply(cut.piece if cut else rest)
+            if len(rendered.text) <= SLACK_MAX_TEXT_CHARS:
                 return rendered, cut
             limit = min(limit, len(rest)) * 2 // 3
 
@@ -87,11 +88,11 @@ class UpdateDelivery:
         while True:
             rest = self._carry + text[self._consumed :]
             rendered, cut = self._body(rest)
-            if rendered.strip() and rendered != self._shown:
+            if rendered.text.strip() and rendered != self._shown:
                 if self._ts is None:
-                    self._ts = await self._out.post(self._target, rendered)
+                    self._ts = await self._out.post(self._target, rendered.text, rendered.blocks)
                 else:
-                    await self._out.update(self._target, self._ts, rendered)
+                    await self._out.update(self._target, self._ts, rendered.text, rendered.blocks)
                 self._shown = rendered
             if cut is None:
                 return

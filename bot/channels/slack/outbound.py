@@ -123,19 +123,23 @@ class Outbound:
 
     # -- calls ---------------------------------------------------------------------
 
-    async def post(self, target: ReplyTarget, text: str) -> str:
+    async def post(
+        self, target: ReplyTarget, text: str, blocks: list[dict[str, Any]] | None = None
+    ) -> str:
         await self._pace("chat.postMessage", target, None)
         try:
             return await self.api.post_message(
-                channel=target.channel_id, text=text, thread_ts=target.thread_ts
+                channel=target.channel_id, text=text, thread_ts=target.thread_ts, blocks=blocks
             )
         except SlackCallError as exc:
             raise self._blocked(exc, target) from None
 
-    async def update(self, target: ReplyTarget, ts: str, text: str) -> None:
+    async def update(
+        self, target: ReplyTarget, ts: str, text: str, blocks: list[dict[str, Any]] | None = None
+    ) -> None:
         await self._pace("chat.update", target, ts)
         try:
-            await self.api.update(channel=target.channel_id, ts=ts, text=text)
+            await self.api.update(channel=target.channel_id, ts=ts, text=text, blocks=blocks)
         except SlackCallError as exc:
             raise self._blocked(exc, target) from None
 

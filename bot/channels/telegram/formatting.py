@@ -1,84 +1,52 @@
 """The model's Markdown, converted to the HTML subset Telegram accepts.
 
-HTML rather than MarkdownV2: every character outside a tag only needs
-``&``, ``<`` and ``>`` escaped, where MarkdownV2 needs eighteen characters
-escaped and rejects a message for any one missed.
+Parsing is markdown-it-py's (CommonMark, plus GitHub's tables and
+strikethrough), so what the model writes means what it means anywhere else:
+``***both***`` is bold italic, ``> quotes`` are quotes, ``~~~`` fences are code,
+``[x](https://en.wikipedia.org/wiki/Foo_(bar))`` keeps its parentheses. Only
+the output is ours: Telegram's HTML subset (``b i s code pre a blockquote``).
 
-The conversion is deliberately small and safe on partial text (it runs on
-every streamed prefix): inline markers never span lines and an unclosed one
-stays literal, so a half-written ``**bold`` shows as typed until it closes.
-A fenced code block left open (mid-stream, or cut by a message split) is
-closed at the end of the chunk, and the next chunk continues it.
+HTML rather than MarkdownV2: every character outside a tag only needs ``&``,
+``<`` and ``>`` escaped, where MarkdownV2 needs eighteen characters escaped
+and rejects a message for any one missed. Raw HTML in the model's text is
+shown as text, never passed through.
 
-It never adds visible characters (markers are dropped, ``- `` becomes
-``• ``), so the visible text of a chunk is never longer than its source:
-a chunk that fits as plain text fits as HTML too.
+It runs on every streamed prefix, so it must be safe on partial text: an
+unclosed ``**bold`` is literal text until it closes (CommonMark's own rule),
+and a code fence left open runs to the end of the chunk. A message split
+inside a code block continues it: ``open_fence_after`` finds the fence still
+open at the end of the earlier chunks, and the next chunk is parsed with that
+fence line put back in front.
+
+Layout follows the source: blocks are separated by the blank lines they had,
+list items become ``•`` or their number, headings bold lines, tables a
+monospaced block. Visible text is rarely longer than its source; the renderer
+(``render``) falls back to plain text when a chunk would no longer fit.
 """
 
 from __future__ import annotations
 
 import html
 import re
+from collections.abc import Sequence
 
-_FENCE = re.compile(r"^[ \t]*```[ \t]*([\w+#.-]*)[ \t]*$")
-_HEADING = re.compile(r"^(#{1,6})[ \t]+(.+?)[ \t#]*$")
-_BULLET = re.compile(r"^([ \t]*)[-*+][ \t]+(?=\S)")
-
-# Inline constructs, tried left to right; each group is formatted recursively
-# except code and the link URL.
-_INLINE = re.compile(
-    r"`(?P<code>[^`\n]+)`"
-    r"|\[(?P<link_text>[^\]\n]+)\]\((?P<link_url>https?://[^\s()<>\"]+)\)"
-    r"|\*\*(?P<bold>(?=\S)[^\n]+?(?<=\S))\*\*"
-    r"|__(?P<bold2>(?=\S)[^\n]+?(?<=\S))__"
-    r"|~~(?P<strike>(?=\S)[^\n]+?(?<=\S))~~"
-    r"|(?<![\w*])\*(?P<italic>(?=[^\s*])[^*\n]*?(?<=[^\s*]))\*(?![\w*])"
-    r"|(?<![\w_])_(?P<italic2>(?=[^\s_])[^_\n]*?(?<=[^\s_]))_(?![\w_])"
-)
+from markdown_it import MarkdownIt
+from markdown_it.tree import SyntaxTreeNode
 
 _TAG = re.compile(r"<[^>]*>")
+# An opening or closing code fence (CommonMark: 3+ backticks or tildes, up to 3 spaces in).
+_FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})(.*)$")
+_LINK_SCHEMES = ("http://", "https://", "tg://", "mailto:")
+_BULLET = "•"
+_INDENT = "  "
+_INLINE_TAGS = {"strong": "b", "em": "i", "s": "s"}
 
-_TAG_FOR_GROUP = {
-    "bold": "b",
-    "bold2": "b",
-    "strike": "s",
-    "italic": "i",
-    "italic2": "i",
-}
+_parser = MarkdownIt("commonmark", {"html": False}).enable(["table", "strikethrough"])
 
 
 def escape(text: str) -> str:
-    """Escape text for Telegram HTML (only these three are required, and ``"`` in attributes)."""
+    """Escape text for Telegram HTML (only ``& < >`` are required outside attributes)."""
     return html.escape(text, quote=False)
-
-
-def _inline(text: str) -> str:
-    out: list[str] = []
-    position = 0
-    for match in _INLINE.finditer(text):
-        out.append(escape(text[position : match.start()]))
-        position = match.end()
-        kind = match.lastgroup
-        if kind == "code":
-            out.append(f"<code>{escape(match['code'])}</code>")
-        elif kind in ("link_text", "link_url"):
-            url = html.escape(match["link_url"], quote=True)
-            out.append(f'<a href="{url}">{_inline(match["link_text"])}</a>')
-        elif kind is not None:
-            tag = _TAG_FOR_GROUP[kind]
-            out.append(f"<{tag}>{_inline(match[kind])}</{tag}>")
-    out.append(escape(text[position:]))
-    return "".join(out)
-
-
-def _line(line: str) -> str:
-    heading = _HEADING.match(line)
-    if heading:
-        return f"<b>{_inline(heading.group(2))}</b>"
-    bullet = _BULLET.match(line)
-    if bullet:
-        return f"{bullet.group(1)}• {_inline(line[bullet.end() :])}"
-    return _inline(line)
 
 
 def visible_text(html_text: str) -> str:
@@ -87,44 +55,145 @@ def visible_text(html_text: str) -> str:
 
 
 def open_fence_after(text: str, open_fence: str | None = None) -> str | None:
-    """The language of the code block still open at the end of ``text`` ("" for none given).
+    """The opening line of the code fence still open at the end of ``text``, or None.
 
-    ``None`` when no block is open. ``open_fence`` is the state at its start.
+    ``open_fence`` is the fence open at the start of ``text``. A fence closes
+    on a line of the same character, at least as long, with nothing after it.
     """
     state = open_fence
     for line in text.split("\n"):
-        fence = _FENCE.match(line)
-        if fence:
-            state = fence.group(1) if state is None else None
+        match = _FENCE.match(line)
+        if match is None:
+            continue
+        marker, rest = match.group(1), match.group(2)
+        if state is None:
+            if not (marker[0] == "`" and "`" in rest):  # backtick info strings hold no backtick
+                state = line.strip()
+        else:
+            opener = _FENCE.match(state)
+            assert opener is not None
+            opened = opener.group(1)
+            if marker[0] == opened[0] and len(marker) >= len(opened) and not rest.strip():
+                state = None
     return state
 
 
-def _pre(code_lines: list[str], language: str) -> str:
-    body = escape("\n".join(code_lines))
+def markdown_to_html(text: str, open_fence: str | None = None) -> str:
+    """Convert ``text`` to Telegram HTML; ``open_fence`` continues a code block left open."""
+    source = f"{open_fence}\n{text}" if open_fence is not None else text
+    tree = SyntaxTreeNode(_parser.parse(source))
+    return _Blocks(source.split("\n")).render(tree.children, depth=0).strip("\n")
+
+
+# -- blocks ---------------------------------------------------------------------------
+
+
+class _Blocks:
+    """Renders block nodes; keeps the source lines to put back the blank lines between blocks."""
+
+    def __init__(self, lines: list[str]) -> None:
+        self._lines = lines
+
+    def _blank_before(self, node: SyntaxTreeNode) -> bool:
+        if not node.map or node.map[0] == 0:
+            return False
+        return not self._lines[node.map[0] - 1].strip()
+
+    def render(self, nodes: Sequence[SyntaxTreeNode], depth: int) -> str:
+        """Sibling blocks, a line apart, or a blank line apart where the source had one."""
+        out: list[str] = []
+        for index, node in enumerate(nodes):
+            if index:
+                out.append("\n\n" if self._blank_before(node) else "\n")
+            out.append(self._block(node, depth))
+        return "".join(out)
+
+    def _block(self, node: SyntaxTreeNode, depth: int) -> str:
+        kind = node.type
+        if kind == "paragraph":
+            return _inline_children(node)
+        if kind == "heading":
+            return f"<b>{_inline_children(node)}</b>"
+        if kind in ("fence", "code_block"):
+            return _pre(node.content.removesuffix("\n"), node.info.strip().split(" ")[0])
+        if kind == "blockquote":
+            return f"<blockquote>{self.render(node.children, depth)}</blockquote>"
+        if kind in ("bullet_list", "ordered_list"):
+            return self._list(node, depth)
+        if kind == "table":
+            return _table(node)
+        if kind == "hr":
+            return "———"
+        if kind == "html_block":
+            return escape(node.content.rstrip("\n"))
+        return self.render(node.children, depth)
+
+    def _list(self, node: SyntaxTreeNode, depth: int) -> str:
+        lines: list[str] = []
+        number = int(node.attrs.get("start", 1) or 1)
+        for item in node.children:
+            marker = _BULLET if node.type == "bullet_list" else f"{number}."
+            number += 1
+            body = self.render(item.children, depth + 1)
+            indent = _INDENT * depth
+            lines.append(f"{indent}{marker} {body}" if body else f"{indent}{marker}")
+        return "\n".join(lines)
+
+
+def _pre(code: str, language: str) -> str:
+    if not code.strip():
+        return ""  # an empty entity would leave nothing to show
+    body = escape(code)
     if language:
         lang = html.escape(language, quote=True)
         return f'<pre><code class="language-{lang}">{body}</code></pre>'
     return f"<pre>{body}</pre>"
 
 
-def markdown_to_html(text: str, open_fence: str | None = None) -> str:
-    """Convert ``text`` to Telegram HTML; ``open_fence`` continues a block left open before it."""
-    out: list[str] = []
-    code: list[str] | None = [] if open_fence is not None else None
-    language = open_fence or ""
-    for line in text.split("\n"):
-        fence = _FENCE.match(line)
-        if code is None:
-            if fence:
-                code, language = [], fence.group(1)
-            else:
-                out.append(_line(line) + "\n")
-        elif fence:
-            if code:  # an empty entity would leave nothing visible to show
-                out.append(_pre(code, language) + "\n")
-            code = None
-        else:
-            code.append(line)
-    if code:
-        out.append(_pre(code, language))
-    return "".join(out).removesuffix("\n")
+def _table(node: SyntaxTreeNode) -> str:
+    """A table as aligned monospaced columns: Telegram has no table entity."""
+    rows: list[list[str]] = []
+    for section in node.children:  # thead, tbody
+        for row in section.children:
+            rows.append([visible_text(_inline_children(cell)) for cell in row.children])
+    if not rows:
+        return ""
+    columns = max(len(row) for row in rows)
+    widths = [max(len(row[i]) if i < len(row) else 0 for row in rows) for i in range(columns)]
+    lines = [
+        " | ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip() for row in rows
+    ]
+    lines.insert(1, "-+-".join("-" * width for width in widths))
+    return _pre("\n".join(lines), "")
+
+
+# -- inline ---------------------------------------------------------------------------
+
+
+def _inline_children(node: SyntaxTreeNode) -> str:
+    return "".join(_inline(child) for child in node.children)
+
+
+def _inline(node: SyntaxTreeNode) -> str:
+    kind = node.type
+    if kind == "inline":
+        return _inline_children(node)
+    if kind == "text":
+        return escape(node.content)
+    if kind in ("softbreak", "hardbreak"):
+        return "\n"
+    if kind == "code_inline":
+        return f"<code>{escape(node.content)}</code>"
+    if kind in _INLINE_TAGS:
+        tag = _INLINE_TAGS[kind]
+        inner = _inline_children(node)
+        return f"<{tag}>{inner}</{tag}>" if inner else ""
+    if kind in ("link", "image"):
+        url = str(node.attrs.get("href" if kind == "link" else "src", ""))
+        inner = _inline_children(node)
+        if not url.lower().startswith(_LINK_SCHEMES) or not inner:
+            return inner
+        return f'<a href="{html.escape(url, quote=True)}">{inner}</a>'
+    if kind == "html_inline":
+        return escape(node.content)
+    return _inline_children(node)

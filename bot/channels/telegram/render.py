@@ -1,7 +1,9 @@
 """What one chunk of a reply is sent as: HTML from the model's Markdown, or plain text.
 
 A reply is split on its source text (``splitting``), and each chunk is
-rendered on its own, continuing a code block the chunk before left open.
+rendered on its own, continuing a code block the chunk before left open. A
+chunk whose rendering would be longer than a message may be (a table padded
+into columns) goes as typed.
 ``Renderer.plain`` switches a reply to plain text for good once Telegram has
 refused its entities, so one bad construct costs one refused call, not one a
 chunk.
@@ -12,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from bot.channels.telegram.formatting import markdown_to_html, open_fence_after, visible_text
-from bot.channels.telegram.splitting import MAX_MESSAGE_CHARS, split_message
+from bot.channels.telegram.splitting import MAX_MESSAGE_CHARS, split_message, utf16_len
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,10 @@ class Renderer:
             return Rendered(raw, None)
         fence = open_fence_after("".join(chunks[:index])) if index else None
         source = markdown_to_html(raw, open_fence=fence)
-        if not visible_text(source).strip():
+        visible = visible_text(source)
+        if not visible.strip():
             return None
+        if utf16_len(visible) > self._limit:
+            # Rendering grew the chunk past the limit (a padded table): send it as typed.
+            return Rendered(raw, None)
         return Rendered(source, "HTML")

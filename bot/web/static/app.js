@@ -2,6 +2,7 @@
 
 import { Api, ApiError } from "./api.js";
 import { renderError } from "./errors.js";
+import { renderMarkdown } from "./markdown.js";
 import { renderTiming } from "./timing.js";
 
 const KEY_STORAGE = "bot.apiKey";
@@ -78,7 +79,17 @@ function addTurnView(userText) {
   item.append(user, bot);
   $("messages").append(item);
   item.scrollIntoView({ block: "end" });
-  return { item, bot, text, meta };
+  return { item, bot, text, meta, source: "", pending: 0 };
+}
+
+// The reply so far, rendered from Markdown; at most once a frame however fast deltas come.
+function showReply(view, text) {
+  view.source = text;
+  if (view.pending) return;
+  view.pending = requestAnimationFrame(() => {
+    view.pending = 0;
+    view.text.replaceChildren(renderMarkdown(view.source));
+  });
 }
 
 function finishView(view, usage, timings) {
@@ -98,10 +109,10 @@ async function streamInto(view, turnId) {
   try {
     for await (const event of api.events(turnId)) {
       if (event.kind === "delta") {
-        view.text.textContent += event.data.text;
+        showReply(view, view.source + event.data.text);
         view.item.scrollIntoView({ block: "end" });
       } else if (event.kind === "done") {
-        view.text.textContent = event.data.text;
+        showReply(view, event.data.text);
         finishView(view, event.data.usage, event.data.timings_ms);
       } else if (event.kind === "error") {
         failView(view, event.data.error_class, event.data.message);
@@ -142,14 +153,14 @@ async function restore(turns) {
   const unfinished = [];
   for (const turn of turns) {
     const view = addTurnView(turn.text);
-    view.text.textContent = turn.reply || "";
+    showReply(view, turn.reply || "");
     if (turn.status === "done") finishView(view, turn.usage, turn.timings_ms);
     else if (turn.status === "failed") failView(view, turn.error_class || "internal", "");
     else unfinished.push([view, turn.turn_id]);
   }
   // A reply still being generated when the page was reloaded: follow it again.
   for (const [view, turnId] of unfinished) {
-    view.text.textContent = "";
+    showReply(view, "");
     setBusy(true);
     try {
       await streamInto(view, turnId);
