@@ -217,8 +217,20 @@ class TurnEndings:
         try:
             stored = await self._store_with_retries(turn.id, end, history, charge)
         except Exception as exc:
-            stored = await self._store_failure_instead(turn, end, sink, exc)
-            end = end.without_history(ErrorClass.INTERNAL, f"final write failed: {_describe(exc)}")
+            log.error(
+                "turn_final_write_failed",
+                turn_id=turn.id,
+                conversation_id=turn.conversation_id,
+                error=_describe(exc),
+            )
+            failed = end.without_history(
+                ErrorClass.INTERNAL, f"final write failed: {_describe(exc)}"
+            )
+            if end.status == TurnStatus.DONE:
+                # The reply reached the user but not the history: say so, it will be missing.
+                await self.apologise(sink, failed)
+            stored = await self._store_failure_instead(turn.id, failed)
+            end = failed
             if turn.id in self.abandoned:
                 # Failed visibly all the same; the watchdog stores it later, without a second line.
                 await self.announce(turn, end, recorded=False)
@@ -229,26 +241,14 @@ class TurnEndings:
             return
         await self.announce(turn, end)
 
-    async def _store_failure_instead(
-        self, turn: Turn, end: TurnEnd, sink: ReplySink | None, exc: Exception
-    ) -> TurnEnd | None:
-        """The real ending could not be stored: record the turn as failed, tell the user."""
-        log.error(
-            "turn_final_write_failed",
-            turn_id=turn.id,
-            conversation_id=turn.conversation_id,
-            error=_describe(exc),
-        )
-        failed = end.without_history(ErrorClass.INTERNAL, f"final write failed: {_describe(exc)}")
-        if end.status == TurnStatus.DONE:
-            # The reply reached the user but not the history: say so, it will be missing.
-            await self.apologise(sink, failed)
+    async def _store_failure_instead(self, turn_id: str, failed: TurnEnd) -> TurnEnd | None:
+        """The real ending could not be stored: record the turn as failed, without history."""
         try:
-            return await self._store_with_retries(turn.id, failed, (), None)
+            return await self._store_with_retries(turn_id, failed, (), None)
         except Exception as again:
             # Nothing could be written: the watchdog fails the row once the database is back.
-            self.abandoned.add(turn.id)
-            log.error("turn_abandoned", turn_id=turn.id, error=_describe(again))
+            self.abandoned.add(turn_id)
+            log.error("turn_abandoned", turn_id=turn_id, error=_describe(again))
             return None
 
     async def _store_with_retries(
