@@ -110,11 +110,13 @@ class TurnService:
     # -- inbound -----------------------------------------------------------------------
 
     async def accept(self, message: InboundMessage) -> Accepted:
-        """Store the message as a queued turn (deduplicated) and schedule it."""
+        """Store the message as a queued turn (deduplicated) and schedule it.
+
+        One transaction, and no read before it: a redelivery is rare, and the unique
+        (channel, event_id) of its inbound event refuses it at commit, after which
+        it is looked up. The ack waits for nothing else.
+        """
         started = time.perf_counter()
-        existing = await self._find_duplicate(message)
-        if existing is not None:
-            return existing
         try:
             async with self._sessions() as session, session.begin():
                 if self.fair_use is not None:
@@ -152,7 +154,8 @@ class TurnService:
                     )
                 )
         except RateLimited as exc:
-            return self._refuse(message, exc.refusal)
+            # A redelivery of a message already accepted is acknowledged, never refused.
+            return await self._find_duplicate(message) or self._refuse(message, exc.refusal)
         except IntegrityError:
             # The same delivery raced us (platform retry, second worker): theirs won.
             existing = await self._find_duplicate(message)
