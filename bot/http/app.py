@@ -20,6 +20,7 @@ from bot.config import Settings
 from bot.engine.base import InferenceEngine
 from bot.http import ops
 from bot.http.keys import (
+    CHAT_FORMAT,
     ENGINE,
     HTTP_CLIENT,
     REQUEST_RECEIVED_AT,
@@ -29,7 +30,7 @@ from bot.http.keys import (
     TURNS,
 )
 from bot.storage.db import create_engine, create_sessionmaker
-from bot.turns.chat_format import ChatFormat, load_tokenizer
+from bot.turns.chat_format import ChatFormat, ChatFormatSource, load_tokenizer
 from bot.turns.claims import build_claims
 from bot.turns.limits import FairUse
 from bot.turns.partials import PartialReplies
@@ -87,14 +88,21 @@ async def create_app(
     http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30))
     app[HTTP_CLIENT] = http
     metrics = ops.setup(app)
+    formats = ChatFormatSource(
+        lambda: (
+            chat_format
+            or ChatFormat(
+                load_tokenizer(settings.engine.tokenizer or settings.engine.model),
+                settings.chat.system_prompt,
+            )
+        )
+    )
+    app[CHAT_FORMAT] = formats
 
     async def lifetime(app: web.Application) -> AsyncIterator[None]:
         if owns_engine:
             await inference.start()
-        fmt = chat_format or ChatFormat(
-            load_tokenizer(settings.engine.tokenizer or settings.engine.model),
-            settings.chat.system_prompt,
-        )
+        fmt = formats.get()
         turns.set_runner(
             TurnRunner(
                 sessions=sessions,
