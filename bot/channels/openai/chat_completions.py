@@ -11,7 +11,6 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import aiohttp
 from aiohttp import web
 
 from bot.channels.openai import wire
@@ -127,7 +126,7 @@ async def _stream(
         return {**base, "choices": [choice]}
 
     response = await open_event_stream(request)
-    try:
+    async with wire.stopping_on_disconnect(request.app[TURNS], started.turn_id):
         await wire.write(response, chunk({"role": "assistant", "content": ""}))
         events = follow(request.app[TURNS].streams, request.app[SESSIONS], started.turn_id)
         async for event in events:
@@ -144,7 +143,4 @@ async def _stream(
                 await wire.write(response, {**base, "choices": [], "usage": usage(event)})
             await response.write(wire.DONE_LINE)
         await response.write_eof()
-    except (ConnectionResetError, aiohttp.ClientConnectionResetError):
-        # The client stopped reading (a "stop" button): stop generating for it.
-        await request.app[TURNS].cancel_turn(started.turn_id)
     return response

@@ -15,7 +15,6 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
 from aiohttp import web
 
 from bot.channels.openai import wire
@@ -289,7 +288,7 @@ async def _stream(
     response = await open_event_stream(request)
     events = _EventWriter(response)
     pending = response_object(turn_id, fields, status="in_progress", outcome=None)
-    try:
+    async with wire.stopping_on_disconnect(request.app[TURNS], turn_id):
         await events.send("response.created", response=pending)
         await events.send("response.in_progress", response=pending)
         await events.send(
@@ -318,8 +317,6 @@ async def _stream(
             )
             await events.send(f"response.{status}", response=final)
         await response.write_eof()
-    except (ConnectionResetError, aiohttp.ClientConnectionResetError):
-        await request.app[TURNS].cancel_turn(turn_id)
     return response
 
 

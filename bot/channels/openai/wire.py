@@ -7,10 +7,16 @@ repeats the name as ``type`` in the data.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+from collections.abc import AsyncIterator
 from typing import Any
 
+import aiohttp
 from aiohttp import web
+
+from bot.turns.service import TurnService
 
 DONE_LINE = b"data: [DONE]\n\n"
 
@@ -25,3 +31,19 @@ async def write(
     response: web.StreamResponse, payload: dict[str, Any], event: str | None = None
 ) -> None:
     await response.write(data_line(payload, event))
+
+
+@contextlib.asynccontextmanager
+async def stopping_on_disconnect(turns: TurnService, turn_id: str) -> AsyncIterator[None]:
+    """A client that stops reading a stream (a "stop" button) stops its turn.
+
+    aiohttp either fails the next write (``handler_cancellation`` off, as
+    ``botctl serve`` runs) or cancels the handler (on): both stop the turn.
+    """
+    try:
+        yield
+    except (ConnectionResetError, aiohttp.ClientConnectionResetError):
+        await turns.cancel_turn(turn_id)
+    except asyncio.CancelledError:
+        await turns.cancel_turn(turn_id)
+        raise
