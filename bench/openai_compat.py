@@ -17,23 +17,31 @@ served from the prefix cache (turns 2..T), prompt tokens recomputed per turn
 (prompt - cached) and TTFT by turn (p50 over conversations, measured by the
 client: request sent -> first content chunk).
 
-Run:  .venv/bin/python bench/openai_compat.py --conversations 4 --turns 10
+Run:  .venv/bin/python bench/openai_compat.py --conversations 4 --turns 10 [--postgres]
+
+With ``--postgres`` the service stores on a scratch database of the local
+PostgreSQL (``BOT_BENCH_POSTGRES_DSN``, default the trust-auth server on
+127.0.0.1:5432), dropped afterwards; else on a temporary SQLite file.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import itertools
 import os
 import statistics
 import sys
 import tempfile
 import time
+import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import openai
 from aiohttp import web
 from sqlalchemy import func, select
@@ -50,6 +58,9 @@ from bot.storage.migrate import upgrade
 from bot.storage.models import Conversation, Turn
 from tests.vllm_servers import API_KEY, SERVED_MODEL_NAME, launch, wait_ready
 
+POSTGRES_ADMIN_DSN = os.environ.get(
+    "BOT_BENCH_POSTGRES_DSN", "postgresql://postgres@127.0.0.1:5432/postgres"
+)
 SYSTEM_PROMPT = "You are a helpful assistant."
 BLOCK_SIZE = 32
 MAX_MODEL_LEN = 1024
@@ -202,15 +213,42 @@ def print_layers(layer_ms: list[dict[str, Any]]) -> None:
     print("service layers, mean ms: " + ", ".join(f"{n} {v:.1f}" for n, v in means.items()))
 
 
+@contextlib.asynccontextmanager
+async def scratch_database(workdir: Path, postgres: bool) -> AsyncIterator[str]:
+    """A migrated database for the service: SQLite in ``workdir``, or a PostgreSQL scratch one."""
+    if not postgres:
+        url = f"sqlite+aiosqlite:///{workdir / 'bench.db'}"
+        await asyncio.to_thread(upgrade, url)
+        yield url
+        return
+    name = f"bench_openai_{uuid.uuid4().hex[:12]}"
+    admin = await asyncpg.connect(POSTGRES_ADMIN_DSN)
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await admin.close()
+    base = POSTGRES_ADMIN_DSN.rsplit("/", 1)[0].replace("postgresql://", "postgresql+asyncpg://")
+    try:
+        url = f"{base}/{name}"
+        await asyncio.to_thread(upgrade, url)
+        yield url
+    finally:
+        admin = await asyncpg.connect(POSTGRES_ADMIN_DSN)
+        try:
+            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        finally:
+            await admin.close()
+
+
 async def main(args: argparse.Namespace) -> None:
     configure_logging(os.environ.get("BENCH_LOG_LEVEL", "WARNING"), "json")
     workdir = Path(tempfile.mkdtemp(prefix="bench-openai-"))
     model = build_demo_model(Path(args.model_dir))
     server = launch(model, workdir, core=0)
+    stack = contextlib.AsyncExitStack()
     try:
         await asyncio.to_thread(wait_ready, server, time.monotonic())
-        db_url = f"sqlite+aiosqlite:///{workdir / 'bench.db'}"
-        await asyncio.to_thread(upgrade, db_url)
+        db_url = await stack.enter_async_context(scratch_database(workdir, args.postgres))
         settings = service_settings(db_url, model, server.base_url, args.max_tokens)
         app = await create_app(settings)
         runner = web.AppRunner(app, access_log=None)
@@ -249,12 +287,14 @@ async def main(args: argparse.Namespace) -> None:
         await db.dispose()
         await runner.cleanup()
     finally:
+        await stack.aclose()
         server.stop()
 
     print(
         f"# {args.conversations} conversations x {args.turns} turns, max_tokens={args.max_tokens},"
     )
-    print("# demo model on one vLLM OpenAI server (CPU), full text history re-sent every call")
+    print("# demo model on one vLLM OpenAI server (CPU), full text history re-sent every call;")
+    print(f"# service database: {'PostgreSQL' if args.postgres else 'SQLite'}")
     print(
         f"service conversations stored: {conversations - 1} "
         f"(one per chat when every turn matched; warm-up not counted)"
@@ -287,4 +327,5 @@ if __name__ == "__main__":
     parser.add_argument("--turns", type=int, default=10)
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--model-dir", default="data/demo-model")
+    parser.add_argument("--postgres", action="store_true", help="store on the local PostgreSQL")
     asyncio.run(main(parser.parse_args()))

@@ -61,6 +61,7 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
         except MessagesError as exc:
             raise bad_request(str(exc), "messages") from None
         check_text(settings, folded.pending)
+        match_started = time.perf_counter()
         async with request.app[SESSIONS]() as session, session.begin():
             thread = await resolve(
                 session,
@@ -69,6 +70,7 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
                 exchanges=folded.exchanges,
                 chat_format=request.app[CHAT_FORMAT].get(),
             )
+        admitted.layer_ms["match"] = (time.perf_counter() - match_started) * 1000
         started = await start_turn(
             request, admitted, thread=thread, text=folded.pending, api=API_NAME, user_id=body.user
         )

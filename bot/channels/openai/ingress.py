@@ -82,6 +82,7 @@ class Admitted:
     principal: Principal
     document: dict[str, Any]
     layer_ms: dict[str, float]
+    """``ingress`` and ``auth``; the endpoint adds ``match`` (finding the conversation)."""
 
 
 async def admit(request: web.Request) -> Admitted:

@@ -213,6 +213,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
         body = parse(ResponsesRequest, admitted.document)
         check_model(settings, body.model)
         messages = input_messages(body)
+        match_started = time.perf_counter()
         if body.previous_response_id:
             thread, text = await _previous_thread(
                 request, admitted, body.previous_response_id, messages
@@ -232,6 +233,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
                     chat_format=request.app[CHAT_FORMAT].get(),
                 )
         check_text(settings, text)
+        admitted.layer_ms["match"] = (time.perf_counter() - match_started) * 1000
         started = await start_turn(
             request,
             admitted,
