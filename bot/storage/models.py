@@ -264,9 +264,11 @@ class OpenAIExchange(Base):
     __tablename__ = "openai_exchanges"
     __table_args__ = (Index("ix_openai_exchanges_owner_context", "owner", "context_hash"),)
 
-    turn_id: Mapped[str] = mapped_column(
-        ForeignKey("turns.id", ondelete="CASCADE"), primary_key=True
-    )
+    turn_id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    """The turn's id; deliberately no foreign key to ``turns``: on PostgreSQL the insert would
+    take a key-share lock on the turn row just as the turn is being claimed, and the claim's
+    ``FOR UPDATE SKIP LOCKED`` would skip it until the next poll. Rows go with their
+    conversation (cascade below)."""
     conversation_id: Mapped[str] = mapped_column(
         ForeignKey("conversations.id", ondelete="CASCADE"), index=True
     )

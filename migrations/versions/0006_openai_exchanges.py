@@ -29,12 +29,7 @@ def upgrade() -> None:
         sa.Column("stored", sa.Boolean(), nullable=False),
         sa.Column("previous_response_id", sa.String(length=64), nullable=True),
         sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
-        sa.ForeignKeyConstraint(
-            ["turn_id"],
-            ["turns.id"],
-            name=op.f("fk_openai_exchanges_turn_id_turns"),
-            ondelete="CASCADE",
-        ),
+        # No foreign key on turn_id: see OpenAIExchange.turn_id (claims skip locked turns).
         sa.ForeignKeyConstraint(
             ["conversation_id"],
             ["conversations.id"],
