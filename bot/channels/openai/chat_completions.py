@@ -70,7 +70,7 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
                 exchanges=folded.exchanges,
                 chat_format=request.app[CHAT_FORMAT].get(),
             )
-        admitted.layer_ms["match"] = (time.perf_counter() - match_started) * 1000
+        admitted.layer_ms["ingress"] += (time.perf_counter() - match_started) * 1000
         started = await start_turn(
             request, admitted, thread=thread, text=folded.pending, api=API_NAME, user_id=body.user
         )

@@ -82,7 +82,8 @@ class Admitted:
     principal: Principal
     document: dict[str, Any]
     layer_ms: dict[str, float]
-    """``ingress`` and ``auth``; the endpoint adds ``match`` (finding the conversation)."""
+    """``ingress`` and ``auth``; the endpoint adds the time it takes to find the
+    conversation to ``ingress`` (everything before the turn is stored, but the key)."""
 
 
 async def admit(request: web.Request) -> Admitted:

@@ -233,7 +233,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
                     chat_format=request.app[CHAT_FORMAT].get(),
                 )
         check_text(settings, text)
-        admitted.layer_ms["match"] = (time.perf_counter() - match_started) * 1000
+        admitted.layer_ms["ingress"] += (time.perf_counter() - match_started) * 1000
         started = await start_turn(
             request,
             admitted,
