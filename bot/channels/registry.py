@@ -12,6 +12,7 @@ import aiohttp
 from aiohttp import web
 
 from bot.channels.api import routes as api
+from bot.channels.openai import routes as openai_api
 from bot.channels.slack import routes as slack
 from bot.channels.telegram import routes as telegram
 from bot.channels.webhook import routes as webhook
@@ -23,6 +24,7 @@ ChannelSetup = Callable[[web.Application, Settings, TurnService, aiohttp.ClientS
 
 CHANNEL_SETUPS: list[ChannelSetup] = [
     api.setup,
+    openai_api.setup,
     slack.setup,
     telegram.setup,
     webhook.setup,

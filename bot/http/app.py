@@ -22,6 +22,7 @@ from bot.engine.base import InferenceEngine
 from bot.http import ops
 from bot.http.errors import json_error
 from bot.http.keys import (
+    CHAT_FORMAT,
     ENGINE,
     HTTP_CLIENT,
     REQUEST_RECEIVED_AT,
@@ -31,7 +32,7 @@ from bot.http.keys import (
     TURNS,
 )
 from bot.storage.db import create_engine, create_sessionmaker
-from bot.turns.chat_format import ChatFormat, load_tokenizer
+from bot.turns.chat_format import ChatFormat, ChatFormatSource, load_tokenizer
 from bot.turns.claims import build_claims
 from bot.turns.limits import FairUse
 from bot.turns.partials import PartialReplies
@@ -119,14 +120,21 @@ async def create_app(
     app[HTTP_CLIENT] = http
     metrics = ops.setup(app)
     turns.endings.observers.append(metrics.observe_turn)
+    formats = ChatFormatSource(
+        lambda: (
+            chat_format
+            or ChatFormat(
+                load_tokenizer(settings.engine.tokenizer or settings.engine.model),
+                settings.chat.system_prompt,
+            )
+        )
+    )
+    app[CHAT_FORMAT] = formats
 
     async def lifetime(app: web.Application) -> AsyncIterator[None]:
         if owns_engine:
             await inference.start()
-        fmt = chat_format or ChatFormat(
-            load_tokenizer(settings.engine.tokenizer or settings.engine.model),
-            settings.chat.system_prompt,
-        )
+        fmt = formats.get()
         turns.set_runner(
             TurnRunner(
                 sessions=sessions,

@@ -8,6 +8,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from bot.config import Settings
 from bot.engine.base import InferenceEngine
+from bot.turns.chat_format import ChatFormatSource
 from bot.turns.service import TurnService
 
 SETTINGS = web.AppKey("settings", Settings)
@@ -15,6 +16,7 @@ SESSIONS = web.AppKey("sessions", async_sessionmaker[AsyncSession])
 TURNS = web.AppKey("turns", TurnService)
 ENGINE = web.AppKey("engine", InferenceEngine)
 HTTP_CLIENT = web.AppKey("http_client", aiohttp.ClientSession)
+CHAT_FORMAT = web.AppKey("chat_format", ChatFormatSource)
 
 # Per-request values set by the middleware.
 REQUEST_STARTED = web.RequestKey("request_started_perf", float)

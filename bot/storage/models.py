@@ -247,3 +247,35 @@ class UsageCounter(Base):
     metric: Mapped[str] = mapped_column(String(32), primary_key=True)
     window_start: Mapped[int] = mapped_column(BigInteger)
     value: Mapped[int] = mapped_column(BigInteger)
+
+
+class OpenAIExchange(Base):
+    """A turn that came in through the OpenAI-compatible API, and how to find it again.
+
+    OpenAI clients re-send the whole conversation as text on every call. Each
+    turn records a hash of the exchanges (user text, assistant reply) that came
+    before its own user message; a later request whose messages are those
+    exchanges plus this turn's user text and reply continues this turn's
+    conversation token-exactly (``bot.channels.openai.threads``). ``stored`` is
+    the Responses API's ``store``: False hides the turn from ``GET
+    /v1/responses/{id}`` and ``previous_response_id``.
+    """
+
+    __tablename__ = "openai_exchanges"
+    __table_args__ = (Index("ix_openai_exchanges_owner_context", "owner", "context_hash"),)
+
+    turn_id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    """The turn's id; deliberately no foreign key to ``turns``: on PostgreSQL the insert would
+    take a key-share lock on the turn row just as the turn is being claimed, and the claim's
+    ``FOR UPDATE SKIP LOCKED`` would skip it until the next poll. Rows go with their
+    conversation (cascade below)."""
+    conversation_id: Mapped[str] = mapped_column(
+        ForeignKey("conversations.id", ondelete="CASCADE"), index=True
+    )
+    owner: Mapped[str] = mapped_column(String(200))
+    context_hash: Mapped[str] = mapped_column(String(64))
+    api: Mapped[str] = mapped_column(String(32))
+    """``chat.completions`` or ``responses``."""
+    stored: Mapped[bool] = mapped_column(default=True)
+    previous_response_id: Mapped[str | None] = mapped_column(String(64))
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)

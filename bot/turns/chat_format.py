@@ -17,7 +17,7 @@ with them no history can be reused.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -163,6 +163,23 @@ class ChatFormat:
 
 def _msg(role: str, content: str) -> dict[str, str]:
     return {"role": role, "content": content}
+
+
+class ChatFormatSource:
+    """The service's one ``ChatFormat``, built on first use and shared.
+
+    The runner renders new turns with it; a channel that must render a history
+    it was handed as text (the OpenAI-compatible API) uses the very same one.
+    """
+
+    def __init__(self, build: Callable[[], ChatFormat]) -> None:
+        self._build = build
+        self._built: ChatFormat | None = None
+
+    def get(self) -> ChatFormat:
+        if self._built is None:
+            self._built = self._build()
+        return self._built
 
 
 def load_tokenizer(name_or_path: str) -> Tokenizer:

@@ -1,0 +1,1 @@
+"""The OpenAI-compatible API (chat completions, responses, models) as one more channel."""

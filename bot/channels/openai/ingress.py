@@ -1,0 +1,189 @@
+"""What every OpenAI-compatible endpoint does before the turn: key, body, model, admission.
+
+The same checks, in the same order, as the HTTP API's: the API key (``Authorization:
+Bearer``), the body within ``server.max_body_bytes``, the text within
+``server.max_text_chars``, the fair-use limits when the turn is accepted. Only
+the shape of a refusal differs: an OpenAI error object.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import structlog
+from aiohttp import web
+from sqlalchemy import delete
+
+from bot.apikeys import Principal, authenticate
+from bot.channels.base import InboundMessage
+from bot.channels.openai.errors import RequestRefused, bad_request, openai_error
+from bot.channels.openai.threads import Continuation, Thread, record
+from bot.config import Settings
+from bot.errors import ErrorClass
+from bot.http.body import BodyError, parse_json_object, read_body
+from bot.http.keys import REQUEST_RECEIVED_AT, REQUEST_STARTED, SESSIONS, SETTINGS, TURNS
+from bot.storage.models import Conversation
+
+log = structlog.get_logger(__name__)
+
+OPENAI_CHANNEL = "openai"
+
+
+def served_model(settings: Settings) -> str:
+    """The model id clients name: ``engine.served_model_name``, else the model (folder name)."""
+    engine = settings.engine
+    if engine.served_model_name:
+        return engine.served_model_name
+    path = Path(engine.model)
+    return path.name if path.is_absolute() or path.exists() else engine.model
+
+
+def check_model(settings: Settings, model: Any) -> None:
+    served = served_model(settings)
+    if model not in {served, settings.engine.model}:
+        raise RequestRefused(
+            openai_error(
+                404,
+                f"The model {model!r} does not exist; this service serves {served!r}.",
+                ErrorClass.MODEL_NOT_FOUND.value,
+                param="model",
+            )
+        )
+
+
+def _bearer_key(request: web.Request) -> str | None:
+    scheme, _, key = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not key.strip():
+        return None
+    return key.strip()
+
+
+async def authenticate_request(request: web.Request) -> Principal:
+    key = _bearer_key(request)
+    if key is None:
+        raise RequestRefused(
+            openai_error(401, "Missing 'Authorization: Bearer <api key>' header.", "auth")
+        )
+    async with request.app[SESSIONS]() as session:
+        principal = await authenticate(session, key)
+    if principal is None:
+        raise RequestRefused(openai_error(401, "Unknown, revoked or expired API key.", "auth"))
+    return principal
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """An authenticated request with its JSON body, and the time those took."""
+
+    principal: Principal
+    document: dict[str, Any]
+    layer_ms: dict[str, float]
+    """``ingress`` and ``auth``; the endpoint adds the time it takes to find the
+    conversation to ``ingress`` (everything before the turn is stored, but the key)."""
+
+
+async def admit(request: web.Request) -> Admitted:
+    """Authenticate and read the body; raises ``RequestRefused`` with the OpenAI answer."""
+    settings = request.app[SETTINGS]
+    started = request.get(REQUEST_STARTED, time.perf_counter())
+    auth_started = time.perf_counter()
+    principal = await authenticate_request(request)
+    auth_ms = (time.perf_counter() - auth_started) * 1000
+    body_started = time.perf_counter()
+    try:
+        document = parse_json_object(await read_body(request, settings.server.max_body_bytes))
+    except BodyError as exc:
+        status = exc.response.status
+        reason = exc.response.text or "unusable body"
+        code = "too_large" if status == 413 else ErrorClass.BAD_REQUEST.value
+        raise RequestRefused(openai_error(status, reason, code)) from None
+    # Ingress: everything before auth (routing, middleware) plus reading and parsing the body.
+    ingress_ms = (auth_started - started) * 1000 + (time.perf_counter() - body_started) * 1000
+    return Admitted(principal, document, {"ingress": ingress_ms, "auth": auth_ms})
+
+
+def check_text(settings: Settings, text: str) -> None:
+    limit = settings.server.max_text_chars
+    if len(text) > limit:
+        raise bad_request(f"The new message has {len(text)} characters; the limit is {limit}.")
+
+
+@dataclass(frozen=True)
+class StartedTurn:
+    turn_id: str
+    conversation_id: str
+    continuation: Continuation
+
+
+async def start_turn(
+    request: web.Request,
+    admitted: Admitted,
+    *,
+    thread: Thread,
+    text: str,
+    api: str,
+    stored: bool = True,
+    previous_response_id: str | None = None,
+    user_id: str | None = None,
+) -> StartedTurn:
+    """Hand the new user turn to the turn service and remember how to find it again."""
+    principal = admitted.principal
+    turns = request.app[TURNS]
+    accepted = await turns.accept(
+        InboundMessage(
+            channel=OPENAI_CHANNEL,
+            # Every call is a new message: OpenAI requests carry no message id to dedupe on.
+            event_id=uuid.uuid4().hex,
+            owner=principal.owner,
+            conversation_key=thread.conversation_key,
+            text=text,
+            user_id=user_id,
+            layer_ms=dict(admitted.layer_ms),
+            received_at=request.get(REQUEST_RECEIVED_AT, time.time()),
+            api_key_id=principal.key_id,
+        )
+    )
+    sessions = request.app[SESSIONS]
+    if accepted.rate_limited is not None:
+        refusal = accepted.rate_limited
+        if thread.continuation == Continuation.REBUILT:
+            # The history written for this request has no turn to answer: drop it.
+            async with sessions() as session, session.begin():
+                await session.execute(
+                    delete(Conversation).where(
+                        Conversation.owner == principal.owner,
+                        Conversation.channel == OPENAI_CHANNEL,
+                        Conversation.external_key == thread.conversation_key,
+                    )
+                )
+        raise RequestRefused(
+            openai_error(
+                429,
+                refusal.user_message,
+                ErrorClass.RATE_LIMITED.value,
+                headers={"Retry-After": str(refusal.retry_after_s)},
+            )
+        )
+    async with sessions() as session, session.begin():
+        await record(
+            session,
+            turn_id=accepted.turn_id,
+            conversation_id=accepted.conversation_id,
+            owner=principal.owner,
+            thread_hash=thread.context_hash,
+            api=api,
+            stored=stored,
+            previous_response_id=previous_response_id,
+        )
+    log.info(
+        "openai_turn",
+        api=api,
+        continuation=thread.continuation.value,
+        turn_id=accepted.turn_id,
+        conversation_id=accepted.conversation_id,
+    )
+    return StartedTurn(accepted.turn_id, accepted.conversation_id, thread.continuation)

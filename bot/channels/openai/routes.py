@@ -1,0 +1,59 @@
+"""Registers the OpenAI-compatible endpoints: chat completions, responses, models."""
+
+from __future__ import annotations
+
+import time
+
+import aiohttp
+from aiohttp import web
+
+from bot.channels.openai.channel import OpenAIChannel
+from bot.channels.openai.chat_completions import create_chat_completion
+from bot.channels.openai.errors import RequestRefused, openai_error
+from bot.channels.openai.ingress import authenticate_request, served_model
+from bot.channels.openai.responses import create_response, get_response
+from bot.config import Settings
+from bot.errors import ErrorClass
+from bot.http.keys import SETTINGS
+from bot.turns.service import TurnService
+
+MODEL_OWNER = "llm-chat-bot"
+
+
+def _model_document(model: str) -> dict[str, object]:
+    return {"id": model, "object": "model", "created": int(time.time()), "owned_by": MODEL_OWNER}
+
+
+async def list_models(request: web.Request) -> web.Response:
+    try:
+        await authenticate_request(request)
+    except RequestRefused as exc:
+        return exc.response
+    model = served_model(request.app[SETTINGS])
+    return web.json_response({"object": "list", "data": [_model_document(model)]})
+
+
+async def retrieve_model(request: web.Request) -> web.Response:
+    try:
+        await authenticate_request(request)
+    except RequestRefused as exc:
+        return exc.response
+    model = served_model(request.app[SETTINGS])
+    if request.match_info["model"] != model:
+        return openai_error(
+            404,
+            f"The model {request.match_info['model']!r} does not exist.",
+            ErrorClass.MODEL_NOT_FOUND.value,
+        )
+    return web.json_response(_model_document(model))
+
+
+def setup(
+    app: web.Application, settings: Settings, turns: TurnService, http: aiohttp.ClientSession
+) -> None:
+    turns.register_channel(OpenAIChannel())
+    app.router.add_post("/v1/chat/completions", create_chat_completion)
+    app.router.add_post("/v1/responses", create_response)
+    app.router.add_get("/v1/responses/{response_id}", get_response)
+    app.router.add_get("/v1/models", list_models)
+    app.router.add_get("/v1/models/{model:.+}", retrieve_model)
