@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import datetime as dt
 import json
 import os
 import random
@@ -154,10 +155,10 @@ class TurnOracle:
                     sent.turn_id = turn_of.get(sent.event_id)
             turn_ids = [s.turn_id for s in pending if s.turn_id is not None]
             if turn_ids:
-                rows = await session.execute(
+                states = await session.execute(
                     select(Turn.id, Turn.status, Turn.error_class).where(Turn.id.in_(turn_ids))
                 )
-                for turn_id, status, error_class in rows:
+                for turn_id, status, error_class in states:
                     self.status[turn_id] = (status, error_class)
         for sent in pending:
             if sent.turn_id and self.status.get(sent.turn_id, ("",))[0] in TurnStatus.FINAL:
@@ -230,11 +231,9 @@ class WorkerPool:
     async def start_all(self) -> None:
         await asyncio.gather(*(self.start(worker) for worker in self.workers.values()))
 
-    def kill_one(self, rng: random.Random, restart_after_s: float) -> None:
-        """SIGKILL a live worker (never the last one being restarted) and start it again later."""
+    def kill_one(self, rng: random.Random, restart_after_s: float) -> str:
+        """SIGKILL a live worker and start it again later; returns its name."""
         names = sorted(self.live.urls)
-        if not names:
-            return
         worker = self.workers[rng.choice(names)]
         self.live.urls.pop(worker.name, None)
         assert worker.process is not None
@@ -249,6 +248,7 @@ class WorkerPool:
         task = asyncio.create_task(restart())
         self.restarts.add(task)
         task.add_done_callback(self.restarts.discard)
+        return worker.name
 
     async def stop_all(self) -> None:
         for task in list(self.restarts):
@@ -325,15 +325,18 @@ async def converse(
 # -- faults ----------------------------------------------------------------------------
 
 
-@dataclass
-class FaultCounts:
-    telegram_5xx: int = 0
-    telegram_429: int = 0
-    slack_5xx: int = 0
-    slack_429: int = 0
-    webhook_refusals: int = 0
-    db_locks: int = 0
-    db_cuts: int = 0
+class FaultLog:
+    """How many of each fault, and when: ``faults.log`` beside the workers' logs, to match them."""
+
+    def __init__(self, path: Path) -> None:
+        self.counts: Counter[str] = Counter()
+        self._path = path
+
+    def record(self, name: str, times: int = 1, **details: Any) -> None:
+        self.counts[name] += times
+        line = {"timestamp": dt.datetime.now(dt.UTC).isoformat(), "fault": name, "times": times}
+        with self._path.open("a", encoding="utf-8") as log:
+            log.write(json.dumps({**line, **details}) + "\n")
 
 
 async def inject_faults(
@@ -346,7 +349,7 @@ async def inject_faults(
     slack: FlakySlack,
     receiver: WebhookReceiver,
     db_url: str,
-    counts: FaultCounts,
+    faults: FaultLog,
 ) -> None:
     """Once a second, each kind of fault fires with the chance that gives its mean interval."""
     background: set[asyncio.Task[Any]] = set()
@@ -356,44 +359,52 @@ async def inject_faults(
         return mean_interval_s > 0 and rng.random() < scale / mean_interval_s
 
     def later(make: Callable[[], Awaitable[Any]]) -> None:
-        task = asyncio.create_task(make())  # type: ignore[arg-type]
+        async def run() -> None:
+            with contextlib.suppress(Exception):  # e.g. its own connection cut by another fault
+                await make()
+
+        task = asyncio.create_task(run())
         background.add(task)
         task.add_done_callback(background.discard)
 
     while time.monotonic() < stop_at:
         await asyncio.sleep(1.0)
         if chance(args.kill_every_s) and len(pool.live.urls) == len(pool.workers):
-            pool.kill_one(rng, restart_after_s=rng.uniform(0.5, 3.0))
+            killed = pool.kill_one(rng, restart_after_s=rng.uniform(0.5, 3.0))
+            faults.record("worker_sigkill", worker=killed)
         if chance(15):
             times = rng.randint(1, 3)
             code, text = rng.choice([(500, "Internal Server Error"), (502, "Bad Gateway")])
             method = rng.choice(["sendMessage", "sendMessageDraft", "sendChatAction"])
             telegram.fail(code, text, method=method, times=times)
-            counts.telegram_5xx += times
+            faults.record("telegram_5xx", times, method=method, status=code)
         if chance(15):
             chats = sorted({c.chat_id for c in telegram.calls[-50:] if isinstance(c.chat_id, int)})
             if chats:
-                telegram.inject_flood(rng.choice(chats), retry_after=rng.randint(1, 3))
-                counts.telegram_429 += 1
+                chat, wait = rng.choice(chats), rng.randint(1, 3)
+                telegram.inject_flood(chat, retry_after=wait)
+                faults.record("telegram_429", chat_id=chat, retry_after=wait)
         if chance(15):
             times = rng.randint(1, 3)
             slack.failing += times
-            counts.slack_5xx += times
+            faults.record("slack_503", times)
         if chance(15):
             method = rng.choice(["chat.postMessage", "chat.startStream", "chat.appendStream"])
             slack.fail(method, "ratelimited", retry_after=1)
-            counts.slack_429 += 1
+            faults.record("slack_429", method=method)
         if chance(12):
             times = rng.randint(1, 4)
             receiver.failing += times
-            counts.webhook_refusals += times
+            faults.record("webhook_receiver_503_429", times)
         if chance(args.engine_outage_every_s):
-            proxy.outage(rng.uniform(2.0, 5.0))
+            seconds = rng.uniform(2.0, 5.0)
+            proxy.outage(seconds)
+            faults.record("engine_outage", seconds=round(seconds, 1))
         if chance(args.db_lock_every_s):
-            counts.db_locks += 1
+            faults.record("db_lock", seconds=DB_LOCK_HOLD_S)
             later(lambda: hold_lock(db_url, DB_LOCK_HOLD_S))
         if chance(args.db_cut_every_s) and not db_url.startswith("sqlite"):
-            counts.db_cuts += 1
+            faults.record("db_connections_cut")
             later(lambda: cut_connections(db_url))
     for task in list(background):
         with contextlib.suppress(Exception):
@@ -517,7 +528,7 @@ def report(
     oracle: TurnOracle,
     pool: WorkerPool,
     proxy: EngineProxy,
-    counts: FaultCounts,
+    faults: FaultLog,
     elapsed_s: float,
 ) -> int:
     lines = pool.log_lines()
@@ -528,14 +539,12 @@ def report(
         f"# soak: {args.database}, {workers} worker(s), {elapsed_s / 60:.1f} min of messages, "
         f"settle {args.settle_s:.0f} s; demo model on one vLLM server behind a fault proxy, CPU"
     )
-    print(
-        f"faults: db write errors {db_faults}, db locked {counts.db_locks} x "
-        f"{DB_LOCK_HOLD_S:.0f} s, db connections cut {counts.db_cuts}x, "
-        f"engine streams cut {proxy.cuts}, engine outages {proxy.outages}, "
-        f"worker SIGKILL {pool.kills}, telegram 5xx {counts.telegram_5xx} / 429 "
-        f"{counts.telegram_429}, slack 503 {counts.slack_5xx} / 429 {counts.slack_429}, "
-        f"webhook receiver 503/429 {counts.webhook_refusals}"
-    )
+    injected = {
+        "db_write_errors": db_faults,
+        "engine_streams_cut": proxy.cuts,
+        **faults.counts,
+    }
+    print("faults: " + ", ".join(f"{name} {n}" for name, n in sorted(injected.items())))
     print("channel   sent  accepted  done  failed  stuck  twice  ack_p50_ms  ack_p99_ms")
     total: Counter[str] = Counter()
     failed_by: Counter[str] = Counter()
@@ -627,7 +636,7 @@ async def main(args: argparse.Namespace) -> int:
         )
         pool = WorkerPool(names, env, workdir)
         await pool.start_all()
-        counts = FaultCounts()
+        faults = FaultLog(workdir / "faults.log")
         async with aiohttp.ClientSession() as http:
             players: list[Player] = [
                 ApiPlayer(http, pool.live, key),
@@ -663,10 +672,10 @@ async def main(args: argparse.Namespace) -> int:
                 for player in players
                 for _ in range(args.users_per_channel)
             ]
-            faults = inject_faults(
-                args, rng, stop_at, pool, proxy, telegram, slack, receiver, db_url, counts
+            injecting = inject_faults(
+                args, rng, stop_at, pool, proxy, telegram, slack, receiver, db_url, faults
             )
-            await asyncio.gather(faults, *users)
+            await asyncio.gather(injecting, *users)
             elapsed = time.monotonic() - started
             # The run is over: no more faults, every worker back, then time to settle.
             stop_file.touch()
@@ -679,7 +688,7 @@ async def main(args: argparse.Namespace) -> int:
             await asyncio.sleep(2.0)  # the last platform calls land
             await oracle.poll()
             poller.cancel()
-            return report(args, players, oracle, pool, proxy, counts, elapsed)
+            return report(args, players, oracle, pool, proxy, faults, elapsed)
     finally:
         if pool is not None:
             await pool.stop_all()
