@@ -35,6 +35,7 @@ import argparse
 import asyncio
 import contextlib
 import datetime as dt
+import functools
 import json
 import os
 import random
@@ -109,6 +110,7 @@ TURN_WAIT_S = 60.0
 """How long a sender waits for a turn to end before it writes again anyway."""
 ANSWER_WAIT_S = 10.0
 """Telegram and Slack: how long a sender waits to see the answer of its last message."""
+QUIET_S = 1.5
 POLL_S = 0.5
 LEASE_S = 3.0
 WATCHDOG_GRACE_S = 3.0
@@ -289,6 +291,21 @@ class Player(Protocol):
     def finals(self, sents: list[Sent]) -> dict[str, Finals]: ...
 
 
+async def quiet(last_answer: Callable[[], float | None]) -> None:
+    """Wait until the chat has its answer and nothing more came for ``QUIET_S``.
+
+    An apology can follow a final row (a turn taken over is failed first, then
+    apologised for): the chat's next message must not be sent before it lands,
+    or the apology would be counted as that message's answer.
+    """
+    deadline = time.monotonic() + ANSWER_WAIT_S
+    while time.monotonic() < deadline:
+        last = last_answer()
+        if last is not None and time.monotonic() - last >= QUIET_S:
+            return
+        await asyncio.sleep(0.1)
+
+
 async def converse(
     player: Player,
     new_conversation: Callable[[], str],
@@ -314,11 +331,9 @@ async def converse(
                 oracle.sents.append(sent)
                 sents.append(sent)
             await oracle.wait_final(sents, TURN_WAIT_S)
-            answered = getattr(player, "answered_since", None)
-            if answered is not None:
-                deadline = time.monotonic() + ANSWER_WAIT_S
-                while time.monotonic() < deadline and not answered(sents[-1]):  # noqa: ASYNC110
-                    await asyncio.sleep(0.1)
+            last_answer = getattr(player, "last_answer", None)
+            if last_answer is not None:
+                await quiet(functools.partial(last_answer, sents[-1]))
             await asyncio.sleep(rng.uniform(0.2, 1.0))
 
 
@@ -522,6 +537,19 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))]
 
 
+def describe(sent: Sent, shown: Finals | None, turn_lines: int, oracle: TurnOracle) -> str:
+    """One message answered twice: what the platform showed, when, and the turn's end."""
+    status, error_class = oracle.status.get(sent.turn_id or "", ("?", None))
+    answers = [
+        f"+{max(0.0, at - sent.posted_at):.1f}s {text[:60]!r}"
+        for at, text in (shown.shown if shown else [])
+    ]
+    return (
+        f"{sent.channel} {sent.chat} event {sent.event_id} turn {sent.turn_id} "
+        f"{status}/{error_class} turn lines {turn_lines}: " + "; ".join(answers)
+    )
+
+
 def report(
     args: argparse.Namespace,
     players: list[Player],
@@ -549,6 +577,7 @@ def report(
     total: Counter[str] = Counter()
     failed_by: Counter[str] = Counter()
     reply_then_notice = no_answer = 0
+    anomalies: list[str] = []
     for player in players:
         sents = [s for s in oracle.sents if s.channel == player.channel]
         accepted = [s for s in sents if s.accepted]
@@ -557,8 +586,14 @@ def report(
         failed = [error for status, error in states if status == TurnStatus.FAILED]
         failed_by.update(f"{error}" for error in failed)
         stuck = sum(1 for s in accepted if not s.final)
-        finals = count_finals(player.finals(accepted)) if accepted else Counter()
+        found = player.finals(accepted) if accepted else {}
+        finals = count_finals(found)
         doubled = sum(1 for s in accepted if turn_lines.get(s.turn_id or "", 0) > 1)
+        for sent in accepted:
+            shown = found.get(sent.event_id)
+            lines_of_turn = turn_lines.get(sent.turn_id or "", 0)
+            if (shown and (shown.replies > 1 or shown.notices > 1)) or lines_of_turn > 1:
+                anomalies.append(describe(sent, shown, lines_of_turn, oracle))
         twice = finals["twice"] + doubled
         reply_then_notice += finals["reply_then_notice"]
         no_answer += finals["none"] if player.channel != "api" else 0
@@ -581,6 +616,8 @@ def report(
     stuck = total["stuck"]
     print(f"stuck (accepted, not final {args.settle_s:.0f} s after the run stopped): {stuck}")
     print(f"answered twice: {total['twice']}")
+    for anomaly in anomalies:
+        print("  " + anomaly)
     print(
         f"a reply (or part of one), then a failure notice: {reply_then_notice}; "
         f"no answer on the platform at all (its API failed the reply and the apology): "

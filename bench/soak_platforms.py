@@ -81,6 +81,15 @@ class Sent:
 class Finals:
     replies: int = 0
     notices: int = 0
+    shown: list[tuple[float, str]] = field(default_factory=list)
+    """(when, text) of each answer, for the report of an anomaly."""
+
+    def add(self, at: float, kind: str, text: str) -> None:
+        if kind == "notice":
+            self.notices += 1
+        else:
+            self.replies += 1
+        self.shown.append((at, text))
 
 
 def is_notice(text: str) -> bool:
@@ -242,9 +251,9 @@ class WebhookPlayer:
             if finals is None:
                 continue
             if document.get("type") == "final":
-                finals.replies += 1
+                finals.add(0.0, "reply", str(document.get("text", "")))
             elif document.get("type") == "error":
-                finals.notices += 1
+                finals.add(0.0, "notice", str(document.get("message", "")))
         return found
 
 
@@ -282,11 +291,14 @@ class TelegramPlayer:
         )
         return sent
 
-    def answered_since(self, sent: Sent) -> bool:
-        return any(
-            call.ok and call.method == "sendMessage" and call.at >= sent.posted_at
+    def last_answer(self, sent: Sent) -> float | None:
+        """When the chat last got a message since ``sent`` was posted (None: not yet)."""
+        times = [
+            call.at
             for call in self.fake.calls_of(chat_id=int(sent.chat))
-        )
+            if call.ok and call.method == "sendMessage" and call.at >= sent.posted_at
+        ]
+        return max(times, default=None)
 
     def finals(self, sents: list[Sent]) -> dict[str, Finals]:
         shown = [
@@ -370,8 +382,12 @@ class SlackPlayer:
             created.append((call.at, f"{channel}:{call.args.get('thread_ts')}", text))
         return created
 
-    def answered_since(self, sent: Sent) -> bool:
-        return any(chat == sent.chat and at >= sent.posted_at for at, chat, _ in self._created())
+    def last_answer(self, sent: Sent) -> float | None:
+        """When the thread last got a message since ``sent`` was posted (None: not yet)."""
+        times = [
+            at for at, chat, _ in self._created() if chat == sent.chat and at >= sent.posted_at
+        ]
+        return max(times, default=None)
 
     def finals(self, sents: list[Sent]) -> dict[str, Finals]:
         return _attribute(sents, self._created())
@@ -387,11 +403,7 @@ def _attribute(sents: list[Sent], shown: list[tuple[float, str, str]]) -> dict[s
         earlier = [s for s in by_chat.get(chat, []) if s.posted_at <= at]
         if not earlier:
             continue
-        finals = found[earlier[-1].event_id]
-        if is_notice(text):
-            finals.notices += 1
-        else:
-            finals.replies += 1
+        found[earlier[-1].event_id].add(at, "notice" if is_notice(text) else "reply", text)
     return found
 
 
