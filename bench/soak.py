@@ -74,6 +74,7 @@ from soak_platforms import (
     ApiPlayer,
     Finals,
     FlakySlack,
+    FlakyTelegram,
     Sent,
     SlackPlayer,
     TelegramPlayer,
@@ -89,7 +90,6 @@ from bot.log import configure_logging
 from bot.storage.db import create_engine, create_sessionmaker
 from bot.storage.migrate import upgrade
 from bot.storage.models import InboundEvent, Turn, TurnStatus
-from tests.fakes.telegram_api import FakeTelegram
 from tests.vllm_servers import API_KEY, SERVED_MODEL_NAME, free_port, launch, wait_ready
 
 POSTGRES_ADMIN_DSN = os.environ.get(
@@ -193,6 +193,7 @@ class WorkerPool:
         self._log_dir = log_dir
         self.live = Workers()
         self.kills = 0
+        self.failed_starts: list[str] = []
         self.restarts: set[asyncio.Task[None]] = set()
 
     def _spawn(self, worker: Worker) -> None:
@@ -221,7 +222,8 @@ class WorkerPool:
             while time.monotonic() < deadline:
                 assert worker.process is not None
                 if worker.process.poll() is not None:
-                    raise RuntimeError(f"worker {worker.name} exited at start: see {self._log_dir}")
+                    log = self._log_dir / f"{worker.name}-{worker.incarnation}.log"
+                    raise RuntimeError(f"worker {worker.name} exited at start: see {log}")
                 with contextlib.suppress(aiohttp.ClientError):
                     async with http.get(f"{url}/healthz") as response:
                         if response.status == 200:
@@ -229,6 +231,16 @@ class WorkerPool:
                             return
                 await asyncio.sleep(0.2)
         raise RuntimeError(f"worker {worker.name} not up in {WORKER_START_TIMEOUT_S} s")
+
+    async def start_until_up(self, worker: Worker) -> None:
+        """Start ``worker``, again if it exits at start (a locked database makes it do that)."""
+        while True:
+            try:
+                await self.start(worker)
+                return
+            except RuntimeError as exc:
+                self.failed_starts.append(str(exc))
+                await asyncio.sleep(1.0)
 
     async def start_all(self) -> None:
         await asyncio.gather(*(self.start(worker) for worker in self.workers.values()))
@@ -245,7 +257,7 @@ class WorkerPool:
 
         async def restart() -> None:
             await asyncio.sleep(restart_after_s)
-            await self.start(worker)
+            await self.start_until_up(worker)
 
         task = asyncio.create_task(restart())
         self.restarts.add(task)
@@ -360,7 +372,7 @@ async def inject_faults(
     stop_at: float,
     pool: WorkerPool,
     proxy: EngineProxy,
-    telegram: FakeTelegram,
+    telegram: FlakyTelegram,
     slack: FlakySlack,
     receiver: WebhookReceiver,
     db_url: str,
@@ -456,7 +468,7 @@ def worker_env(
     db_url: str,
     model: Path,
     engine_url: str,
-    telegram: FakeTelegram,
+    telegram: FlakyTelegram,
     slack: FlakySlack,
     receiver: WebhookReceiver,
     stop_file: Path,
@@ -623,7 +635,9 @@ def report(
         f"no answer on the platform at all (its API failed the reply and the apology): "
         f"{no_answer}"
     )
-    print(f"final turns without a `turn` log line (worker killed in between): {missing_lines}")
+    print(f"final turns without a `turn` log line: {missing_lines}")
+    for failure in pool.failed_starts:
+        print(f"a worker failed to start (started again): {failure}")
     return 1 if total["stuck"] or total["twice"] else 0
 
 
@@ -647,7 +661,7 @@ async def main(args: argparse.Namespace) -> int:
     await asyncio.to_thread(wait_ready, server, time.monotonic())
     proxy = EngineProxy(server.port, cut_every_kb=args.engine_cut_every_kb, seed=args.seed)
     await proxy.start()
-    telegram = FakeTelegram(flood_interval_private_s=0.02, flood_interval_group_s=0.04)
+    telegram = FlakyTelegram(flood_interval_private_s=0.02, flood_interval_group_s=0.04)
     slack = FlakySlack()
     receiver = WebhookReceiver(rng)
     oracle = TurnOracle(db_url)
@@ -716,11 +730,13 @@ async def main(args: argparse.Namespace) -> int:
             elapsed = time.monotonic() - started
             # The run is over: no more faults, every worker back, then time to settle.
             stop_file.touch()
+            for platform in (telegram, slack, receiver):
+                platform.calm()
             for task in list(pool.restarts):
                 await task
             for worker in pool.workers.values():
                 if worker.name not in pool.live.urls:
-                    await pool.start(worker)
+                    await pool.start_until_up(worker)
             await oracle.wait_final(oracle.sents, args.settle_s)
             await asyncio.sleep(2.0)  # the last platform calls land
             await oracle.poll()

@@ -204,6 +204,9 @@ class WebhookReceiver:
         if self._runner is not None:
             await self._runner.cleanup()
 
+    def calm(self) -> None:
+        self.failing = 0
+
     async def _handle(self, request: web.Request) -> web.Response:
         body = await request.read()
         if self.failing > 0:
@@ -260,11 +263,18 @@ class WebhookPlayer:
 # -- Telegram (private chats) ----------------------------------------------------------
 
 
+class FlakyTelegram(FakeTelegram):
+    """The strict fake, whose injected failures can be called off when the run is over."""
+
+    def calm(self) -> None:
+        self._rules.clear()
+
+
 class TelegramPlayer:
     channel = "telegram"
     one_at_a_time = True
 
-    def __init__(self, http: aiohttp.ClientSession, workers: Workers, fake: FakeTelegram) -> None:
+    def __init__(self, http: aiohttp.ClientSession, workers: Workers, fake: FlakyTelegram) -> None:
         self._http, self._workers, self.fake = http, workers, fake
         self._template = json.loads((FIXTURES / "telegram" / "private_text.json").read_text())
         self._update_ids = itertools.count(600_000_000)
@@ -319,6 +329,11 @@ class FlakySlack(FakeSlackApi):
         super().__post_init__()
         self.failing = 0
         self.refused = 0
+
+    def calm(self) -> None:
+        """No more injected failures (the run is over)."""
+        self.failing = 0
+        self._failures.clear()
 
     async def _handle(self, request: web.Request) -> web.Response:
         if self.failing > 0 and request.match_info["method"] in PACED:
