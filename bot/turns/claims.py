@@ -208,6 +208,8 @@ class TurnClaims(abc.ABC):
             self._endings.abandoned.discard(turn.id)
             log.info("turn_recorded_late", turn_id=turn.id)
             return
+        # Announced first: the apology may wait on a slow platform, the log line must not.
+        await self._endings.announce(turn, end)
         if self._open_reply is not None:
             address = TurnAddress(turn.id, turn.conversation_id, turn.channel, dict(turn.reply_to))
             try:
@@ -216,7 +218,6 @@ class TurnClaims(abc.ABC):
                 log.warning("apology_not_delivered", turn_id=turn.id, error=str(exc))
             else:
                 await self._endings.apologise(sink, end, message=INTERRUPTED_APOLOGY)
-        await self._endings.announce(turn, end)
 
     # -- watchdog ----------------------------------------------------------------------
 

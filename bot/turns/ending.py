@@ -207,13 +207,14 @@ class TurnEndings:
         history: Sequence[Message] = (),
         charge: ChargeTurn | None = None,
     ) -> None:
-        """End a turn this process ran: apology, final write (retried), announcement.
+        """End a turn this process ran: final write (retried), announcement, apology.
 
         Never raises. ``history`` (the turn's user and assistant entries) is
         stored with a done turn in the same transaction as its final status.
+        The apology comes last: a worker that dies before it leaves a final row
+        (a takeover never apologises a second time), and a slow platform holds
+        up neither the stream's last event nor the log line.
         """
-        if end.status == TurnStatus.FAILED:
-            await self.apologise(sink, end)
         try:
             stored = await self._store_with_retries(turn.id, end, history, charge)
         except Exception as exc:
@@ -223,23 +224,18 @@ class TurnEndings:
                 conversation_id=turn.conversation_id,
                 error=_describe(exc),
             )
-            failed = end.without_history(
-                ErrorClass.INTERNAL, f"final write failed: {_describe(exc)}"
-            )
-            if end.status == TurnStatus.DONE:
-                # The reply reached the user but not the history: say so, it will be missing.
-                await self.apologise(sink, failed)
-            stored = await self._store_failure_instead(turn.id, failed)
-            end = failed
-            if turn.id in self.abandoned:
-                # Failed visibly all the same; the watchdog stores it later, without a second line.
-                await self.announce(turn, end, recorded=False)
-                return
+            # Failed, also when the reply reached the user but not the history.
+            end = end.without_history(ErrorClass.INTERNAL, f"final write failed: {_describe(exc)}")
+            stored = await self._store_failure_instead(turn.id, end)
         if stored is not None:
             # Ended elsewhere first (taken over, deleted): readers get that ending, once.
             await self._close_stream(turn.id, stored)
             return
-        await self.announce(turn, end)
+        # Not stored at all: failed visibly all the same; the watchdog records it later,
+        # without a second line.
+        await self.announce(turn, end, recorded=turn.id not in self.abandoned)
+        if end.status == TurnStatus.FAILED:
+            await self.apologise(sink, end)
 
     async def _store_failure_instead(self, turn_id: str, failed: TurnEnd) -> TurnEnd | None:
         """The real ending could not be stored: record the turn as failed, without history."""
