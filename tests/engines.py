@@ -130,3 +130,25 @@ class TrickleEngine(PassThroughEngine):
             await asyncio.sleep(self.pause_s)
             last = pieces[-1] if pieces else ""
             yield replace(chunk, text=last, token_ids=chunk.token_ids if len(pieces) <= 1 else [])
+
+
+class GatedEngine(PassThroughEngine):
+    """The real engine, where every request waits until the test opens the gate.
+
+    Keeps a conversation's first turn running, and so the turns behind it queued,
+    for as long as a test needs.
+    """
+
+    def __init__(self, engine: InferenceEngine) -> None:
+        super().__init__(engine)
+        self.gate = asyncio.Event()
+        self.waiting = 0
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
+        self.waiting += 1
+        try:
+            await self.gate.wait()
+        finally:
+            self.waiting -= 1
+        async for chunk in self._engine.generate(request):
+            yield chunk

@@ -8,6 +8,8 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from bot.config import Settings
 from bot.engine.base import InferenceEngine
+from bot.http.readers import EventStreamReaders
+from bot.turns.followers import TurnFollowers
 from bot.turns.service import TurnService
 
 SETTINGS = web.AppKey("settings", Settings)
@@ -15,6 +17,8 @@ SESSIONS = web.AppKey("sessions", async_sessionmaker[AsyncSession])
 TURNS = web.AppKey("turns", TurnService)
 ENGINE = web.AppKey("engine", InferenceEngine)
 HTTP_CLIENT = web.AppKey("http_client", aiohttp.ClientSession)
+STREAM_READERS = web.AppKey("stream_readers", EventStreamReaders)
+TURN_FOLLOWERS = web.AppKey("turn_followers", TurnFollowers)
 
 # Per-request values set by the middleware.
 REQUEST_STARTED = web.RequestKey("request_started_perf", float)
