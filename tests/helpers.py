@@ -43,6 +43,8 @@ async def read_sse(response: ClientResponse) -> list[SseEvent]:
     fields: dict[str, str] = {}
     async for raw in response.content:
         line = raw.decode().rstrip("\n")
+        if line.startswith(":"):
+            continue  # a comment (keep-alive), ignored as EventSource ignores it
         if not line:
             if fields:
                 events.append(

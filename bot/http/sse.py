@@ -24,8 +24,8 @@ from bot.turns.streams import StreamEvent
 KEEPALIVE_COMMENT = b": keep-alive\n\n"
 
 
-async def open_event_stream(request: web.Request) -> web.StreamResponse:
-    response = web.StreamResponse(
+def event_stream_response() -> web.StreamResponse:
+    return web.StreamResponse(
         headers={
             "Content-Type": "text/event-stream; charset=utf-8",
             "Cache-Control": "no-cache",
@@ -33,8 +33,6 @@ async def open_event_stream(request: web.Request) -> web.StreamResponse:
             "X-Accel-Buffering": "no",
         }
     )
-    await response.prepare(request)
-    return response
 
 
 def format_event(event_id: str, kind: str, data: dict[str, Any]) -> bytes:

@@ -32,7 +32,7 @@ from bot.http.keys import (
 )
 from bot.http.ops import METRICS
 from bot.http.readers import EventStreamReaders, StreamSlot
-from bot.http.sse import open_event_stream, pump_events
+from bot.http.sse import event_stream_response, pump_events
 from bot.storage.models import Conversation, Turn, TurnStatus
 from bot.storage.queries import get_turn_for_owner
 from bot.turns.followers import TurnFollowers
@@ -278,9 +278,14 @@ def _reserve_stream(request: web.Request, principal: Principal) -> StreamSlot | 
 async def _stream_turn(
     request: web.Request, turn_id: str, offset: int, slot: StreamSlot
 ) -> web.StreamResponse:
-    """Stream the turn's events from ``offset``; the slot is released when the stream ends."""
+    """Stream the turn's events from ``offset``; the slot is released when the stream ends.
+
+    A reader who left (before the headers, mid-stream or before the end) ends the
+    handler quietly: the turn goes on and can be read again with Last-Event-ID.
+    """
+    response = event_stream_response()
     try:
-        response = await open_event_stream(request)
+        await response.prepare(request)
         finished = await pump_events(
             response,
             request.app[TURN_FOLLOWERS].follow(turn_id, offset),
@@ -289,10 +294,11 @@ async def _stream_turn(
         )
         if finished:
             await response.write_eof()
-        # Else the reader left; the turn goes on and can be read again with Last-Event-ID.
-        return response
+    except (ConnectionResetError, aiohttp.ClientConnectionResetError):
+        pass
     finally:
         slot.release()
+    return response
 
 
 def setup(
