@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -105,3 +108,13 @@ async def load_messages(
 
 def auth(key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
+
+
+async def wait_until(predicate: Callable[[], bool], timeout_s: float) -> float:
+    """Seconds until ``predicate()`` held; fails after ``timeout_s``."""
+    started = time.monotonic()
+    while not predicate():
+        if time.monotonic() - started > timeout_s:
+            raise AssertionError(f"not within {timeout_s} s")
+        await asyncio.sleep(0.02)
+    return time.monotonic() - started

@@ -10,8 +10,6 @@ does: without a word.
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -26,7 +24,7 @@ from bot.storage.db import create_engine, create_sessionmaker, is_sqlite
 from bot.turns.chat_format import ChatFormat
 from tests.conftest import issue_key, make_settings
 from tests.engines import GatedEngine
-from tests.helpers import auth, count_rows, read_sse
+from tests.helpers import auth, count_rows, read_sse, wait_until
 from tests.ops.helpers import samples, value
 from tests.production_server import serving
 
@@ -86,16 +84,6 @@ class StatementCounter:
         before = self.count
         await asyncio.sleep(window_s)
         return (self.count - before) / window_s
-
-
-async def wait_until(predicate: Callable[[], bool], timeout_s: float) -> float:
-    """Seconds until ``predicate()`` held; fails after ``timeout_s``."""
-    started = time.monotonic()
-    while not predicate():
-        if time.monotonic() - started > timeout_s:
-            raise AssertionError(f"not within {timeout_s} s")
-        await asyncio.sleep(0.02)
-    return time.monotonic() - started
 
 
 async def post(http: aiohttp.ClientSession, key: str, message_id: str) -> str:

@@ -22,13 +22,14 @@ from bot.http import ops
 from bot.http.keys import (
     ENGINE,
     HTTP_CLIENT,
+    READ_SESSIONS,
     REQUEST_RECEIVED_AT,
     REQUEST_STARTED,
     SESSIONS,
     SETTINGS,
     TURNS,
 )
-from bot.storage.db import create_engine, create_sessionmaker
+from bot.storage.db import create_engine, create_read_sessionmaker, create_sessionmaker
 from bot.turns.chat_format import ChatFormat, load_tokenizer
 from bot.turns.claims import build_claims
 from bot.turns.limits import FairUse
@@ -77,6 +78,7 @@ async def create_app(
     db_engine = create_engine(settings.database.url, echo=settings.database.echo)
     sessions = create_sessionmaker(db_engine)
     app[SESSIONS] = sessions
+    app[READ_SESSIONS] = create_read_sessionmaker(db_engine)
     owns_engine = engine is None
     inference = engine if engine is not None else build_engine(settings)
     app[ENGINE] = inference

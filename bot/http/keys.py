@@ -14,6 +14,8 @@ from bot.turns.service import TurnService
 
 SETTINGS = web.AppKey("settings", Settings)
 SESSIONS = web.AppKey("sessions", async_sessionmaker[AsyncSession])
+READ_SESSIONS = web.AppKey("read_sessions", async_sessionmaker[AsyncSession])
+"""Sessions of handlers that only read: on SQLite they never wait for, or hold, the write lock."""
 TURNS = web.AppKey("turns", TurnService)
 ENGINE = web.AppKey("engine", InferenceEngine)
 HTTP_CLIENT = web.AppKey("http_client", aiohttp.ClientSession)

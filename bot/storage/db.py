@@ -15,6 +15,8 @@ from sqlalchemy.ext.asyncio import (
 )
 
 SQLITE_BUSY_TIMEOUT_MS = 5000
+READ_ONLY = "bot_read_only"
+"""Execution option of the read-only sessions (``create_read_sessionmaker``)."""
 
 
 def _on_sqlite_connect(dbapi_connection: Any, _record: Any) -> None:
@@ -32,9 +34,14 @@ def _on_sqlite_begin(connection: Any) -> None:
     # A deferred transaction that reads and then writes cannot wait for the write lock:
     # if another connection committed meanwhile, SQLite fails it at once with "database
     # is locked" (the busy timeout does not apply). Taking the lock at BEGIN makes every
-    # transaction queue on busy_timeout instead. That serialises sessions, reads included;
-    # SQLite is the single-process default and our transactions are short.
-    connection.exec_driver_sql("BEGIN IMMEDIATE")
+    # transaction that may write queue on busy_timeout instead.
+    # Sessions that only read (READ_ONLY) begin deferred: in WAL mode they never take the
+    # write lock, so a slow reader (an export piped into a slow consumer, a history load)
+    # cannot hold up the turns' writes, and they do not wait for them either.
+    if connection.get_execution_options().get(READ_ONLY):
+        connection.exec_driver_sql("BEGIN DEFERRED")
+    else:
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
 
 
 def is_sqlite(url: str) -> bool:
@@ -56,3 +63,12 @@ def create_engine(url: str, *, echo: bool = False) -> AsyncEngine:
 
 def create_sessionmaker(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
     return async_sessionmaker(engine, expire_on_commit=False)
+
+
+def create_read_sessionmaker(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
+    """Sessions for code that only reads: on SQLite they never take the write lock.
+
+    Writing in one of them can fail at once with "database is locked" instead of
+    waiting its turn (see ``_on_sqlite_begin``): use ``create_sessionmaker`` to write.
+    """
+    return async_sessionmaker(engine.execution_options(**{READ_ONLY: True}), expire_on_commit=False)

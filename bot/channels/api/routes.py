@@ -22,6 +22,7 @@ from bot.config import Settings
 from bot.http.body import BodyError, parse_json_object, read_body
 from bot.http.errors import json_error
 from bot.http.keys import (
+    READ_SESSIONS,
     REQUEST_RECEIVED_AT,
     REQUEST_STARTED,
     SESSIONS,
@@ -160,7 +161,7 @@ async def _owned_turn(request: web.Request) -> tuple[Turn, str, Principal] | web
     if isinstance(principal, web.Response):
         return principal
     turn_id = request.match_info["turn_id"]
-    async with request.app[SESSIONS]() as session:
+    async with request.app[READ_SESSIONS]() as session:
         turn = await get_turn_for_owner(session, turn_id, principal.owner)
         if turn is None:
             return json_error(404, "not_found", f"no turn {turn_id}")
@@ -306,7 +307,7 @@ def setup(
 ) -> None:
     turns.register_channel(ApiChannel())
     readers = EventStreamReaders(settings.server.max_streams_per_key)
-    followers = TurnFollowers(app[SESSIONS], turns.streams, _final_event)
+    followers = TurnFollowers(app[READ_SESSIONS], turns.streams, _final_event)
     app[STREAM_READERS] = readers
     app[TURN_FOLLOWERS] = followers
     app[METRICS].track_streams(lambda: readers.count, lambda: followers.pollers)
