@@ -11,7 +11,6 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 
-import aiohttp
 import structlog
 from aiohttp import web
 
@@ -19,6 +18,7 @@ from bot.channels.registry import CHANNEL_SETUPS
 from bot.config import Settings
 from bot.engine.base import InferenceEngine
 from bot.http import ops
+from bot.http.clients import platform_client
 from bot.http.keys import (
     ENGINE,
     HTTP_CLIENT,
@@ -86,7 +86,7 @@ async def create_app(
     app[TURNS] = turns
     turns.claims = build_claims(settings.workers, settings.database.url, sessions)
     turns.fair_use = FairUse(settings.limits)
-    http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30))
+    http = platform_client()
     app[HTTP_CLIENT] = http
     metrics = ops.setup(app)
 
