@@ -20,6 +20,7 @@ from bot.engine.base import InferenceEngine
 from bot.http import ops
 from bot.http.clients import platform_client
 from bot.http.keys import (
+    DB_PROBE,
     ENGINE,
     HTTP_CLIENT,
     READ_SESSIONS,
@@ -29,7 +30,12 @@ from bot.http.keys import (
     SETTINGS,
     TURNS,
 )
-from bot.storage.db import create_engine, create_read_sessionmaker, create_sessionmaker
+from bot.storage.db import (
+    create_engine,
+    create_probe_engine,
+    create_read_sessionmaker,
+    create_sessionmaker,
+)
 from bot.turns.chat_format import ChatFormat, load_tokenizer
 from bot.turns.claims import build_claims
 from bot.turns.limits import FairUse
@@ -79,6 +85,8 @@ async def create_app(
     sessions = create_sessionmaker(db_engine)
     app[SESSIONS] = sessions
     app[READ_SESSIONS] = create_read_sessionmaker(db_engine)
+    db_probe = create_probe_engine(settings.database.url)
+    app[DB_PROBE] = db_probe
     owns_engine = engine is None
     inference = engine if engine is not None else build_engine(settings)
     app[ENGINE] = inference
@@ -131,6 +139,7 @@ async def create_app(
         if owns_engine:
             await inference.shutdown()
         await db_engine.dispose()
+        await db_probe.dispose()
 
     app.cleanup_ctx.append(lifetime)
     for setup in CHANNEL_SETUPS:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import aiohttp
 from aiohttp import web
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from bot.config import Settings
 from bot.engine.base import InferenceEngine
@@ -19,6 +19,8 @@ READ_SESSIONS = web.AppKey("read_sessions", async_sessionmaker[AsyncSession])
 TURNS = web.AppKey("turns", TurnService)
 ENGINE = web.AppKey("engine", InferenceEngine)
 HTTP_CLIENT = web.AppKey("http_client", aiohttp.ClientSession)
+DB_PROBE = web.AppKey("db_probe", AsyncEngine)
+"""The readiness check's own database connection (``bot.storage.db.create_probe_engine``)."""
 STREAM_READERS = web.AppKey("stream_readers", EventStreamReaders)
 TURN_FOLLOWERS = web.AppKey("turn_followers", TurnFollowers)
 

@@ -13,6 +13,7 @@ from sqlalchemy.ext.asyncio import (
     async_sessionmaker,
     create_async_engine,
 )
+from sqlalchemy.pool import NullPool
 
 SQLITE_BUSY_TIMEOUT_MS = 5000
 READ_ONLY = "bot_read_only"
@@ -59,6 +60,17 @@ def create_engine(url: str, *, echo: bool = False) -> AsyncEngine:
         event.listen(engine.sync_engine, "begin", _on_sqlite_begin)
         return engine
     return create_async_engine(url, echo=echo, pool_pre_ping=True)
+
+
+def create_probe_engine(url: str) -> AsyncEngine:
+    """An engine without a pool, for health checks: each check opens its own connection.
+
+    It answers whether the database does, not whether the request pool has a free
+    connection: under a burst of requests a pooled check would wait behind them and
+    report the service not ready (a load balancer would then take load off a healthy
+    worker and pile it on the others).
+    """
+    return create_async_engine(url, poolclass=NullPool)
 
 
 def create_sessionmaker(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
