@@ -69,6 +69,8 @@ async def _sse(response: aiohttp.ClientResponse) -> AsyncIterator[tuple[str, dic
     fields: dict[str, str] = {}
     async for raw in response.content:
         line = raw.decode("utf-8").rstrip("\r\n")
+        if line.startswith(":"):
+            continue  # a comment: the server's keep-alive
         if line:
             name, _, value = line.partition(": ")
             fields[name] = value

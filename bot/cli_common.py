@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import click
-from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from bot.config import ConfigError, Settings, load_settings
 
@@ -74,6 +74,21 @@ async def db_session(settings: Settings) -> AsyncIterator[AsyncSession]:
     try:
         async with create_sessionmaker(engine)() as session, session.begin():
             yield session
+    finally:
+        await engine.dispose()
+
+
+@asynccontextmanager
+async def db_sessionmakers(
+    settings: Settings,
+) -> AsyncIterator[tuple[async_sessionmaker[AsyncSession], async_sessionmaker[AsyncSession]]]:
+    """(read-write, read-only) session factories on a short-lived engine, for commands that
+    work in many short transactions on a live database (``botctl conversations``)."""
+    from bot.storage.db import create_engine, create_read_sessionmaker, create_sessionmaker
+
+    engine = create_engine(settings.database.url)
+    try:
+        yield create_sessionmaker(engine), create_read_sessionmaker(engine)
     finally:
         await engine.dispose()
 

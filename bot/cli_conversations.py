@@ -9,11 +9,11 @@ from typing import IO, Any
 
 import click
 
-from bot.cli_common import Context, db_session, pass_context
+from bot.cli_common import Context, db_sessionmakers, pass_context
 from bot.conversations_admin import (
     Removed,
     Selector,
-    delete_conversation,
+    delete_conversations,
     export_conversations,
     list_conversations,
     load_conversation,
@@ -64,7 +64,7 @@ def conversations_list(
     """List conversations, most recently active first."""
 
     async def run() -> list[dict[str, Any]]:
-        async with db_session(ctx.settings) as session:
+        async with db_sessionmakers(ctx.settings) as (_, read), read() as session:
             return await list_conversations(
                 session, Selector((), owner, channel, external_key), limit=limit
             )
@@ -90,7 +90,7 @@ def conversations_show(ctx: Context, conversation_id: str) -> None:
     """Show one conversation's turns (status, usage, error) as JSON."""
 
     async def run() -> dict[str, Any] | None:
-        async with db_session(ctx.settings) as session:
+        async with db_sessionmakers(ctx.settings) as (_, read), read() as session:
             return await load_conversation(session, conversation_id)
 
     document = asyncio.run(run())
@@ -125,9 +125,10 @@ def conversations_export(
     selector = Selector(conversation_ids, owner, channel, external_key)
 
     async def run() -> int:
-        async with db_session(ctx.settings) as session:
-            ids = await selected_ids(session, selector)
-            documents = export_conversations(session, ids)
+        async with db_sessionmakers(ctx.settings) as (_, read):
+            async with read() as session:
+                ids = await selected_ids(session, selector)
+            documents = export_conversations(read, ids)
             # A bar on a terminal only: in logs and pipes an export stays quiet.
             with (
                 click.progressbar(length=len(ids), label="exporting", file=sys.stderr)
@@ -176,15 +177,12 @@ def conversations_delete(
         raise click.UsageError("name conversation ids or a filter (--owner, --channel, --key)")
 
     async def count() -> list[str]:
-        async with db_session(ctx.settings) as session:
+        async with db_sessionmakers(ctx.settings) as (_, read), read() as session:
             return await selected_ids(session, selector)
 
     async def run(ids: list[str]) -> Removed:
-        removed = Removed()
-        async with db_session(ctx.settings) as session:
-            for conversation_id in ids:
-                removed += await delete_conversation(session, conversation_id)
-        return removed
+        async with db_sessionmakers(ctx.settings) as (sessions, _):
+            return await delete_conversations(sessions, ids)
 
     ids = asyncio.run(count())
     if not ids:

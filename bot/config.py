@@ -52,6 +52,8 @@ DEFAULT_DATABASE_URL = f"sqlite+aiosqlite:///{DEFAULT_DATA_DIR / 'bot.db'}"
 DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant. Answer briefly."
 DEFAULT_MAX_BODY_BYTES = 64 * 1024
 DEFAULT_MAX_TEXT_CHARS = 8000
+DEFAULT_MAX_STREAMS_PER_KEY = 32
+DEFAULT_SSE_KEEPALIVE_S = 15.0
 
 
 class _Section(BaseModel):
@@ -66,6 +68,10 @@ class ServerSettings(_Section):
     max_text_chars: int = Field(DEFAULT_MAX_TEXT_CHARS, gt=0)
     """A longer message is never stored: 400 over HTTP, a notice on Telegram and Slack."""
     shutdown_grace_s: float = Field(30.0, ge=0)
+    max_streams_per_key: int = Field(DEFAULT_MAX_STREAMS_PER_KEY, gt=0)
+    """Event streams (SSE) one API key may hold open on a worker; one more is refused with 429."""
+    sse_keepalive_s: float = Field(DEFAULT_SSE_KEEPALIVE_S, gt=0)
+    """A comment line is sent on a silent event stream this often, so proxies keep it open."""
     public_url: str | None = None
     """Public HTTPS base URL platforms reach this service at; ``botctl doctor`` checks webhooks."""
     admin_host: str = "127.0.0.1"

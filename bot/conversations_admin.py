@@ -2,6 +2,12 @@
 
 Delete is the right to be forgotten: it erases the conversation with its
 messages, turns and inbound events, and says how many rows of each it removed.
+
+Both work on a live service's database in short transactions, a batch of
+conversations each: an export never holds a transaction while its consumer
+is slow (``botctl conversations export | slow-consumer``), and a large delete
+never holds the write lock (SQLite) or the rows' locks (PostgreSQL) for longer
+than one batch, so the running service's turns do not wait for either.
 """
 
 from __future__ import annotations
@@ -12,10 +18,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Select, delete, func, select
-from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from bot.storage.models import Conversation, InboundEvent, Message, Turn
 from bot.storage.queries import as_utc
+
+EXPORT_BATCH = 20
+"""Conversations read per transaction by an export (each read whole, in one snapshot)."""
+DELETE_BATCH = 20
+"""Conversations erased per transaction by a delete."""
 
 
 @dataclass(frozen=True)
@@ -136,13 +147,25 @@ async def selected_ids(session: AsyncSession, selector: Selector) -> list[str]:
 
 
 async def export_conversations(
-    session: AsyncSession, ids: Sequence[str]
+    read_sessions: async_sessionmaker[AsyncSession],
+    ids: Sequence[str],
+    batch: int = EXPORT_BATCH,
 ) -> AsyncIterator[dict[str, Any]]:
-    """One document per conversation, loaded one at a time (exports can be large)."""
-    for conversation_id in ids:
-        document = await load_conversation(session, conversation_id)
-        if document is not None:
-            yield document
+    """One document per conversation, read ``batch`` at a time in a short read-only transaction.
+
+    The transaction ends before the documents are handed out, so a consumer that
+    blocks (a full pipe) holds no snapshot and no lock. A conversation deleted
+    meanwhile is left out.
+    """
+    for start in range(0, len(ids), batch):
+        async with read_sessions() as session:
+            documents = [
+                await load_conversation(session, conversation_id)
+                for conversation_id in ids[start : start + batch]
+            ]
+        for document in documents:
+            if document is not None:
+                yield document
 
 
 @dataclass(frozen=True)
@@ -188,3 +211,17 @@ async def delete_conversation(session: AsyncSession, conversation_id: str) -> Re
         messages=_rowcount(messages),
         inbound_events=_rowcount(events),
     )
+
+
+async def delete_conversations(
+    sessions: async_sessionmaker[AsyncSession],
+    ids: Sequence[str],
+    batch: int = DELETE_BATCH,
+) -> Removed:
+    """Erase ``ids``, ``batch`` conversations per transaction; what was removed, in total."""
+    removed = Removed()
+    for start in range(0, len(ids), batch):
+        async with sessions() as session, session.begin():
+            for conversation_id in ids[start : start + batch]:
+                removed += await delete_conversation(session, conversation_id)
+    return removed

@@ -81,12 +81,27 @@ class BotMetrics:
             ["platform", "outcome"],
             registry=r,
         )
+        self.stream_readers = Gauge(
+            "bot_event_streams_open",
+            "Event streams (SSE readers) open on this worker now.",
+            registry=r,
+        )
+        self.turn_pollers = Gauge(
+            "bot_followed_turn_pollers",
+            "Turns whose stored row this worker polls for its readers now (one poller each).",
+            registry=r,
+        )
         self.rate_limited = Counter(
             "bot_platform_rate_limited",
             "429s (or the platform's equivalent) answered by a messaging platform.",
             ["platform"],
             registry=r,
         )
+
+    def track_streams(self, readers: Callable[[], float], pollers: Callable[[], float]) -> None:
+        """Read the open event streams and the turn pollers when scraped."""
+        self.stream_readers.set_function(readers)
+        self.turn_pollers.set_function(pollers)
 
     # -- feeding ---------------------------------------------------------------------
 

@@ -46,6 +46,17 @@ class NotReady(RuntimeError):
     pass
 
 
+def app_runner(app: web.Application) -> web.AppRunner:
+    """The runner of the main app, as ``serve`` runs it (tests serve the app the same way).
+
+    aiohttp's defaults stay: ``handler_cancellation`` is off, so a handler is
+    not cancelled when its client disconnects (``bot.http.readers`` notices).
+    """
+    return web.AppRunner(
+        app, handle_signals=False, access_log=None, shutdown_timeout=CONNECTION_CLOSE_TIMEOUT_S
+    )
+
+
 async def _wait_ready(app: web.Application) -> None:
     """Until the readiness checks pass (the engine may still be warming its first request)."""
     reason: str | None = "not checked"
@@ -85,9 +96,7 @@ async def serve(
     the bound (main, admin) addresses once ready (port 0 picks free ports).
     """
     app = await create_app(settings, engine=engine, chat_format=chat_format)
-    runner = web.AppRunner(
-        app, handle_signals=False, access_log=None, shutdown_timeout=CONNECTION_CLOSE_TIMEOUT_S
-    )
+    runner = app_runner(app)
     admin_runner: web.AppRunner | None = None
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -146,3 +146,25 @@ class NulByteEngine(PassThroughEngine):
                 marked = True
                 chunk = replace(chunk, text=chunk.text[:1] + "\x00" + chunk.text[1:])
             yield chunk
+
+
+class GatedEngine(PassThroughEngine):
+    """The real engine, where every request waits until the test opens the gate.
+
+    Keeps a conversation's first turn running, and so the turns behind it queued,
+    for as long as a test needs.
+    """
+
+    def __init__(self, engine: InferenceEngine) -> None:
+        super().__init__(engine)
+        self.gate = asyncio.Event()
+        self.waiting = 0
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
+        self.waiting += 1
+        try:
+            await self.gate.wait()
+        finally:
+            self.waiting -= 1
+        async for chunk in self._engine.generate(request):
+            yield chunk

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,6 +46,8 @@ async def read_sse(response: ClientResponse) -> list[SseEvent]:
     fields: dict[str, str] = {}
     async for raw in response.content:
         line = raw.decode().rstrip("\n")
+        if line.startswith(":"):
+            continue  # a comment (keep-alive), ignored as EventSource ignores it
         if not line:
             if fields:
                 events.append(
@@ -114,3 +119,13 @@ async def load_history_rows(db_url: str) -> list[Message]:
             return list((await session.scalars(query)).all())
     finally:
         await engine.dispose()
+
+
+async def wait_until(predicate: Callable[[], bool], timeout_s: float) -> float:
+    """Seconds until ``predicate()`` held; fails after ``timeout_s``."""
+    started = time.monotonic()
+    while not predicate():
+        if time.monotonic() - started > timeout_s:
+            raise AssertionError(f"not within {timeout_s} s")
+        await asyncio.sleep(0.02)
+    return time.monotonic() - started

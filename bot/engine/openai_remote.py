@@ -13,6 +13,15 @@ request goes to the first one whose breaker is closed, and fails over down
 the ranking only while nothing has been streamed to the user. The
 conversation also travels as a session header, so a vLLM router in front
 (one base URL) can keep the same affinity.
+
+Connections: a streaming turn holds one connection for its whole reply, so
+the generation pool is sized from ``engine.max_connections`` (not aiohttp's
+default of 100), and waiting for a free connection is queueing, not a
+failure: ``connect_timeout_s`` bounds the TCP connect alone (``sock_connect``)
+and ``request_timeout_s`` the server's silence (``sock_read``). Health checks
+and model listings have a small pool of their own, so ``/readyz`` never waits
+behind the streams. Platform clients (Telegram, Slack, webhook callbacks) use
+the app's client (``bot.http.clients``), never these pools.
 """
 
 from __future__ import annotations
@@ -35,6 +44,8 @@ from bot.errors import EngineError, ErrorClass
 log = structlog.get_logger(__name__)
 
 MODELS_TIMEOUT_S = 5.0
+CONTROL_CONNECTIONS = 4
+"""Pool of the health checks and model listings: a few short requests, never behind streams."""
 
 
 class _Failed(Exception):
@@ -81,6 +92,7 @@ class OpenAIRemoteEngine:
             breaker_cooldown_s=settings.breaker_cooldown_s,
         )
         self._http: aiohttp.ClientSession | None = None
+        self._control: aiohttp.ClientSession | None = None
         self._in_flight: dict[str, aiohttp.ClientResponse] = {}
 
     # -- lifetime ----------------------------------------------------------------------
@@ -93,12 +105,27 @@ class OpenAIRemoteEngine:
         if settings.api_key is not None:
             headers["Authorization"] = f"Bearer {settings.api_key.get_secret_value()}"
         # sock_read, not total: a long reply may stream for minutes, but a silent
-        # server must not hold a turn for longer than request_timeout_s.
+        # server must not hold a turn for longer than request_timeout_s. sock_connect,
+        # not connect: aiohttp's connect timeout also counts the wait for a pooled
+        # connection, which under load is a queue, not a fault of the replica.
         timeout = aiohttp.ClientTimeout(
-            total=None, connect=settings.connect_timeout_s, sock_read=settings.request_timeout_s
+            total=None,
+            connect=None,
+            sock_connect=settings.connect_timeout_s,
+            sock_read=settings.request_timeout_s,
         )
         # trust_env: HTTP(S)_PROXY / NO_PROXY apply as for any other client on the host.
-        self._http = aiohttp.ClientSession(headers=headers, timeout=timeout, trust_env=True)
+        self._http = aiohttp.ClientSession(
+            headers=headers,
+            timeout=timeout,
+            trust_env=True,
+            connector=aiohttp.TCPConnector(limit=settings.max_connections, limit_per_host=0),
+        )
+        self._control = aiohttp.ClientSession(
+            headers=headers,
+            trust_env=True,
+            connector=aiohttp.TCPConnector(limit=CONTROL_CONNECTIONS),
+        )
         await asyncio.gather(*(self._probe(url) for url in self.replicas.base_urls))
         log.info(
             "engine_started", kind="openai", model=self.model, replicas=self.replicas.base_urls
@@ -133,7 +160,7 @@ class OpenAIRemoteEngine:
 
     async def _served_models(self, base_url: str) -> list[dict[str, Any]]:
         try:
-            async with self.http.get(
+            async with self.control.get(
                 f"{base_url}/v1/models", timeout=aiohttp.ClientTimeout(total=MODELS_TIMEOUT_S)
             ) as response:
                 body = await response.text()
@@ -155,7 +182,17 @@ class OpenAIRemoteEngine:
             raise EngineError(ErrorClass.ENGINE_UNAVAILABLE, "the engine has not been started")
         return self._http
 
+    @property
+    def control(self) -> aiohttp.ClientSession:
+        """The client of health checks and model listings (its own pool)."""
+        if self._control is None:
+            raise EngineError(ErrorClass.ENGINE_UNAVAILABLE, "the engine has not been started")
+        return self._control
+
     async def shutdown(self) -> None:
+        if self._control is not None:
+            control, self._control = self._control, None
+            await control.close()
         if self._http is not None:
             http, self._http = self._http, None
             await http.close()
@@ -166,7 +203,7 @@ class OpenAIRemoteEngine:
         problems = []
         for base_url in self.replicas.base_urls:
             try:
-                async with self.http.get(
+                async with self.control.get(
                     f"{base_url}/health", timeout=aiohttp.ClientTimeout(total=MODELS_TIMEOUT_S)
                 ) as response:
                     if response.status == 200:

@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 DEFAULT_DATA_DIR = Path("data")
 DEFAULT_DEMO_MODEL_DIR = DEFAULT_DATA_DIR / "demo-model"
+DEFAULT_ENGINE_MAX_CONNECTIONS = 1024
 
 
 class _Section(BaseModel):
@@ -35,6 +36,10 @@ class EngineSettings(_Section):
     request_timeout_s: float = Field(120.0, gt=0)
     """Longest silence tolerated from a remote server (before and between streamed chunks)."""
     connect_timeout_s: float = Field(5.0, gt=0)
+    """Longest TCP connect to a replica; waiting for a free pooled connection is not counted."""
+    max_connections: int = Field(DEFAULT_ENGINE_MAX_CONNECTIONS, gt=0)
+    """Connections to the replicas a worker may hold: one per turn generating. A turn over
+    it waits for one (queued, not failed); vLLM queues what it cannot batch anyway."""
     session_header: str = "x-session-id"
     """Carries the conversation id, so a vLLM router in front keeps the same affinity."""
     max_attempts: int = Field(3, ge=1)

@@ -11,7 +11,6 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 
-import aiohttp
 import sqlalchemy.exc
 import structlog
 from aiohttp import web
@@ -20,18 +19,26 @@ from bot.channels.registry import CHANNEL_SETUPS
 from bot.config import Settings
 from bot.engine.base import InferenceEngine
 from bot.http import ops
+from bot.http.clients import platform_client
 from bot.http.errors import json_error
 from bot.http.keys import (
     CHAT_FORMAT,
+    DB_PROBE,
     ENGINE,
     HTTP_CLIENT,
+    READ_SESSIONS,
     REQUEST_RECEIVED_AT,
     REQUEST_STARTED,
     SESSIONS,
     SETTINGS,
     TURNS,
 )
-from bot.storage.db import create_engine, create_sessionmaker
+from bot.storage.db import (
+    create_engine,
+    create_probe_engine,
+    create_read_sessionmaker,
+    create_sessionmaker,
+)
 from bot.turns.chat_format import ChatFormat, ChatFormatSource, load_tokenizer
 from bot.turns.claims import build_claims
 from bot.turns.limits import FairUse
@@ -109,6 +116,9 @@ async def create_app(
     db_engine = create_engine(settings.database.url, echo=settings.database.echo)
     sessions = create_sessionmaker(db_engine)
     app[SESSIONS] = sessions
+    app[READ_SESSIONS] = create_read_sessionmaker(db_engine)
+    db_probe = create_probe_engine(settings.database.url)
+    app[DB_PROBE] = db_probe
     owns_engine = engine is None
     inference = engine if engine is not None else build_engine(settings)
     app[ENGINE] = inference
@@ -116,7 +126,7 @@ async def create_app(
     app[TURNS] = turns
     turns.claims = build_claims(settings.workers, settings.database.url, sessions)
     turns.fair_use = FairUse(settings.limits)
-    http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30))
+    http = platform_client()
     app[HTTP_CLIENT] = http
     metrics = ops.setup(app)
     turns.endings.observers.append(metrics.observe_turn)
@@ -172,6 +182,7 @@ async def create_app(
         if owns_engine:
             await inference.shutdown()
         await db_engine.dispose()
+        await db_probe.dispose()
 
     app.cleanup_ctx.append(lifetime)
     for setup in CHANNEL_SETUPS:

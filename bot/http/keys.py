@@ -4,19 +4,27 @@ from __future__ import annotations
 
 import aiohttp
 from aiohttp import web
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from bot.config import Settings
 from bot.engine.base import InferenceEngine
+from bot.http.readers import EventStreamReaders
 from bot.turns.chat_format import ChatFormatSource
+from bot.turns.followers import TurnFollowers
 from bot.turns.service import TurnService
 
 SETTINGS = web.AppKey("settings", Settings)
 SESSIONS = web.AppKey("sessions", async_sessionmaker[AsyncSession])
+READ_SESSIONS = web.AppKey("read_sessions", async_sessionmaker[AsyncSession])
+"""Sessions of handlers that only read: on SQLite they never wait for, or hold, the write lock."""
 TURNS = web.AppKey("turns", TurnService)
 ENGINE = web.AppKey("engine", InferenceEngine)
 HTTP_CLIENT = web.AppKey("http_client", aiohttp.ClientSession)
 CHAT_FORMAT = web.AppKey("chat_format", ChatFormatSource)
+DB_PROBE = web.AppKey("db_probe", AsyncEngine)
+"""The readiness check's own database connection (``bot.storage.db.create_probe_engine``)."""
+STREAM_READERS = web.AppKey("stream_readers", EventStreamReaders)
+TURN_FOLLOWERS = web.AppKey("turn_followers", TurnFollowers)
 
 # Per-request values set by the middleware.
 REQUEST_STARTED = web.RequestKey("request_started_perf", float)

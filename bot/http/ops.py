@@ -25,7 +25,7 @@ from sqlalchemy import text
 
 from bot.apikeys import authenticate
 from bot.http.errors import json_error
-from bot.http.keys import ENGINE, SESSIONS, SETTINGS, TURNS
+from bot.http.keys import DB_PROBE, ENGINE, SESSIONS, SETTINGS, TURNS
 from bot.metrics import CONTENT_TYPE, BotMetrics
 
 log = structlog.get_logger(__name__)
@@ -61,8 +61,9 @@ async def readiness(app: web.Application) -> str | None:
         return "starting: the engine or the turn service is not up yet"
     try:
         async with asyncio.timeout(READY_CHECK_TIMEOUT_S):
-            async with app[SESSIONS]() as session:
-                await session.execute(text("SELECT 1"))
+            # Its own connection: a check queued behind busy requests would say "not ready".
+            async with app[DB_PROBE].connect() as connection:
+                await connection.execute(text("SELECT 1"))
     except Exception as exc:
         return f"database: {type(exc).__name__}"
     try:

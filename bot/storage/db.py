@@ -13,8 +13,11 @@ from sqlalchemy.ext.asyncio import (
     async_sessionmaker,
     create_async_engine,
 )
+from sqlalchemy.pool import NullPool
 
 SQLITE_BUSY_TIMEOUT_MS = 5000
+READ_ONLY = "bot_read_only"
+"""Execution option of the read-only sessions (``create_read_sessionmaker``)."""
 
 
 def _on_sqlite_connect(dbapi_connection: Any, _record: Any) -> None:
@@ -36,9 +39,14 @@ def _on_sqlite_begin(connection: Any) -> None:
     # A deferred transaction that reads and then writes cannot wait for the write lock:
     # if another connection committed meanwhile, SQLite fails it at once with "database
     # is locked" (the busy timeout does not apply). Taking the lock at BEGIN makes every
-    # transaction queue on busy_timeout instead. That serialises sessions, reads included;
-    # SQLite is the single-process default and our transactions are short.
-    connection.exec_driver_sql("BEGIN IMMEDIATE")
+    # transaction that may write queue on busy_timeout instead.
+    # Sessions that only read (READ_ONLY) begin deferred: in WAL mode they never take the
+    # write lock, so a slow reader (an export piped into a slow consumer, a history load)
+    # cannot hold up the turns' writes, and they do not wait for them either.
+    if connection.get_execution_options().get(READ_ONLY):
+        connection.exec_driver_sql("BEGIN DEFERRED")
+    else:
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
 
 
 def is_sqlite(url: str) -> bool:
@@ -58,5 +66,25 @@ def create_engine(url: str, *, echo: bool = False) -> AsyncEngine:
     return create_async_engine(url, echo=echo, pool_pre_ping=True)
 
 
+def create_probe_engine(url: str) -> AsyncEngine:
+    """An engine without a pool, for health checks: each check opens its own connection.
+
+    It answers whether the database does, not whether the request pool has a free
+    connection: under a burst of requests a pooled check would wait behind them and
+    report the service not ready (a load balancer would then take load off a healthy
+    worker and pile it on the others).
+    """
+    return create_async_engine(url, poolclass=NullPool)
+
+
 def create_sessionmaker(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
     return async_sessionmaker(engine, expire_on_commit=False)
+
+
+def create_read_sessionmaker(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
+    """Sessions for code that only reads: on SQLite they never take the write lock.
+
+    Writing in one of them can fail at once with "database is locked" instead of
+    waiting its turn (see ``_on_sqlite_begin``): use ``create_sessionmaker`` to write.
+    """
+    return async_sessionmaker(engine.execution_options(**{READ_ONLY: True}), expire_on_commit=False)

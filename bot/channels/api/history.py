@@ -12,7 +12,7 @@ from sqlalchemy import select
 
 from bot.channels.api.routes import API_CHANNEL, turn_document
 from bot.channels.api.routes import _authenticate as authenticate_request
-from bot.http.keys import SESSIONS
+from bot.http.keys import READ_SESSIONS
 from bot.storage.models import Conversation, Turn
 
 MAX_TURNS = 200
@@ -24,7 +24,7 @@ async def conversation_turns(request: web.Request) -> web.Response:
     if isinstance(principal, web.Response):
         return principal
     key = request.match_info["conversation_id"]
-    async with request.app[SESSIONS]() as session:
+    async with request.app[READ_SESSIONS]() as session:
         conversation_id = await session.scalar(
             select(Conversation.id).where(
                 Conversation.owner == principal.owner,

@@ -7,9 +7,7 @@ with ``error`` and ``reason``; nothing is stored for a refused request.
 
 from __future__ import annotations
 
-import asyncio
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -23,17 +21,26 @@ from bot.channels.base import InboundMessage
 from bot.config import Settings
 from bot.http.body import BodyError, parse_json_object, read_body
 from bot.http.errors import json_error
-from bot.http.keys import REQUEST_RECEIVED_AT, REQUEST_STARTED, SESSIONS, SETTINGS, TURNS
-from bot.http.sse import format_event, open_event_stream
-from bot.storage.models import Conversation, Turn, TurnStatus
+from bot.http.keys import (
+    READ_SESSIONS,
+    REQUEST_RECEIVED_AT,
+    REQUEST_STARTED,
+    SESSIONS,
+    SETTINGS,
+    STREAM_READERS,
+    TURN_FOLLOWERS,
+    TURNS,
+)
+from bot.http.ops import METRICS
+from bot.http.readers import EventStreamReaders, StreamSlot
+from bot.http.sse import event_stream_response, pump_events
+from bot.storage.models import Conversation, Turn
 from bot.storage.queries import get_turn_for_owner
-from bot.turns.ending import end_of_row, final_event, usage
+from bot.turns.ending import usage
+from bot.turns.followers import TurnFollowers
 from bot.turns.service import TurnService, api_event_id
-from bot.turns.streams import StreamEvent, events_for_final
 
 API_CHANNEL = "api"
-# How often an SSE reader polls the database for a turn this process is not running.
-STORED_TURN_POLL_S = 0.25
 ID_MAX = 200
 
 
@@ -100,21 +107,32 @@ async def post_message(request: web.Request) -> web.StreamResponse:
     # Ingress: everything before auth (routing, middleware) plus reading and parsing the body.
     ingress_ms = (auth_started - started) * 1000 + (time.perf_counter() - ingress_started) * 1000
 
+    # A streamed answer needs a stream slot: over the key's cap, nothing is stored.
+    slot = _reserve_stream(request, principal) if _wants_event_stream(request) else None
+    if isinstance(slot, web.Response):
+        return slot
     turns = request.app[TURNS]
-    accepted = await turns.accept(
-        InboundMessage(
-            channel=API_CHANNEL,
-            event_id=api_event_id(principal.owner, message.conversation_id, message.message_id),
-            owner=principal.owner,
-            conversation_key=message.conversation_id,
-            text=message.text,
-            user_id=message.user_id,
-            layer_ms={"ingress": ingress_ms, "auth": auth_ms},
-            received_at=request.get(REQUEST_RECEIVED_AT, time.time()),
-            api_key_id=principal.key_id,
+    try:
+        accepted = await turns.accept(
+            InboundMessage(
+                channel=API_CHANNEL,
+                event_id=api_event_id(principal.owner, message.conversation_id, message.message_id),
+                owner=principal.owner,
+                conversation_key=message.conversation_id,
+                text=message.text,
+                user_id=message.user_id,
+                layer_ms={"ingress": ingress_ms, "auth": auth_ms},
+                received_at=request.get(REQUEST_RECEIVED_AT, time.time()),
+                api_key_id=principal.key_id,
+            )
         )
-    )
+    except BaseException:
+        if slot is not None:
+            slot.release()
+        raise
     if accepted.rate_limited is not None:
+        if slot is not None:
+            slot.release()
         refusal = accepted.rate_limited
         response = json_error(
             429,
@@ -125,8 +143,8 @@ async def post_message(request: web.Request) -> web.StreamResponse:
         )
         response.headers["Retry-After"] = str(refusal.retry_after_s)
         return response
-    if _wants_event_stream(request):
-        return await _stream_turn(request, accepted.turn_id, 0)
+    if slot is not None:
+        return await _stream_turn(request, accepted.turn_id, 0, slot)
     return web.json_response(
         {
             "turn_id": accepted.turn_id,
@@ -138,19 +156,19 @@ async def post_message(request: web.Request) -> web.StreamResponse:
     )
 
 
-async def _owned_turn(request: web.Request) -> tuple[Turn, str] | web.Response:
+async def _owned_turn(request: web.Request) -> tuple[Turn, str, Principal] | web.Response:
     principal = await _authenticate(request)
     if isinstance(principal, web.Response):
         return principal
     turn_id = request.match_info["turn_id"]
-    async with request.app[SESSIONS]() as session:
+    async with request.app[READ_SESSIONS]() as session:
         turn = await get_turn_for_owner(session, turn_id, principal.owner)
         if turn is None:
             return json_error(404, "not_found", f"no turn {turn_id}")
         external_key = await session.scalar(
             select(Conversation.external_key).where(Conversation.id == turn.conversation_id)
         )
-    return turn, external_key or ""
+    return turn, external_key or "", principal
 
 
 def turn_document(turn: Turn, conversation_key: str) -> dict[str, Any]:
@@ -176,7 +194,7 @@ async def get_turn(request: web.Request) -> web.Response:
     found = await _owned_turn(request)
     if isinstance(found, web.Response):
         return found
-    turn, key = found
+    turn, key, _ = found
     return web.json_response(turn_document(turn, key))
 
 
@@ -184,7 +202,7 @@ async def cancel_turn(request: web.Request) -> web.Response:
     found = await _owned_turn(request)
     if isinstance(found, web.Response):
         return found
-    turn, _ = found
+    turn, _, _ = found
     cancelled = await request.app[TURNS].cancel_turn(turn.id)
     return web.json_response({"turn_id": turn.id, "cancelled": cancelled})
 
@@ -198,68 +216,50 @@ async def turn_events(request: web.Request) -> web.StreamResponse:
     found = await _owned_turn(request)
     if isinstance(found, web.Response):
         return found
-    turn, _ = found
-    return await _stream_turn(request, turn.id, _resume_offset(request))
+    turn, _, principal = found
+    slot = _reserve_stream(request, principal)
+    if isinstance(slot, web.Response):
+        return slot
+    return await _stream_turn(request, turn.id, _resume_offset(request), slot)
 
 
-async def _final_event(request: web.Request, turn: Turn) -> StreamEvent:
-    """The stored turn's last event, equal to the one its live stream ended with."""
-    coalesced: list[str] = []
-    if turn.status == TurnStatus.DONE:
-        async with request.app[SESSIONS]() as session:
-            coalesced = list(
-                await session.scalars(
-                    select(Turn.id).where(Turn.coalesced_into == turn.id).order_by(Turn.seq)
-                )
-            )
-    kind, data = final_event(turn.id, end_of_row(turn, coalesced))
-    return StreamEvent(kind, kind, data)
+def _reserve_stream(request: web.Request, principal: Principal) -> StreamSlot | web.Response:
+    readers = request.app[STREAM_READERS]
+    slot = readers.reserve(principal.key_id, request)
+    if slot is None:
+        return json_error(
+            429,
+            "rate_limited",
+            f"this API key has {readers.open_for(principal.key_id)} event streams open; "
+            f"the limit is {readers.max_per_key}: close one (or read with GET /v1/turns/{{id}})",
+            limit="server.max_streams_per_key",
+        )
+    return slot
 
 
-async def _stored_events(
-    request: web.Request, turn_id: str, offset: int
-) -> AsyncIterator[StreamEvent]:
-    """Events of a turn this process is not streaming: finished, or run by another worker.
+async def _stream_turn(
+    request: web.Request, turn_id: str, offset: int, slot: StreamSlot
+) -> web.StreamResponse:
+    """Stream the turn's events from ``offset``; the slot is released when the stream ends.
 
-    A turn running on another worker is followed through its row, where that
-    worker saves the reply so far every ``bot.turns.partials`` interval.
+    A reader who left (before the headers, mid-stream or before the end) ends the
+    handler quietly: the turn goes on and can be read again with Last-Event-ID.
     """
-    while True:
-        async with request.app[SESSIONS]() as session:
-            turn = await session.get(Turn, turn_id)
-        if turn is None:
-            return
-        if turn.status in TurnStatus.FINAL:
-            final = await _final_event(request, turn)
-            for event in events_for_final(turn.reply_text or "", final, offset):
-                yield event
-            return
-        if request.app[TURNS].streams.has(turn_id):
-            async for event in request.app[TURNS].streams.subscribe(turn_id, offset):
-                yield event
-            return
-        so_far = turn.reply_text or ""
-        if len(so_far) > offset:
-            yield StreamEvent("delta", str(len(so_far)), {"text": so_far[offset:]})
-            offset = len(so_far)
-        await asyncio.sleep(STORED_TURN_POLL_S)
-
-
-async def _stream_turn(request: web.Request, turn_id: str, offset: int) -> web.StreamResponse:
-    streams = request.app[TURNS].streams
-    events = (
-        streams.subscribe(turn_id, offset)
-        if streams.has(turn_id)
-        else _stored_events(request, turn_id, offset)
-    )
-    response = await open_event_stream(request)
+    response = event_stream_response()
     try:
-        async for event in events:
-            await response.write(format_event(event.event_id, event.kind, event.data))
+        await response.prepare(request)
+        finished = await pump_events(
+            response,
+            request.app[TURN_FOLLOWERS].follow(turn_id, offset),
+            gone=slot.gone,
+            keepalive_s=request.app[SETTINGS].server.sse_keepalive_s,
+        )
+        if finished:
+            await response.write_eof()
     except (ConnectionResetError, aiohttp.ClientConnectionResetError):
-        # The reader left; the turn goes on and can be read again with Last-Event-ID.
-        return response
-    await response.write_eof()
+        pass
+    finally:
+        slot.release()
     return response
 
 
@@ -267,6 +267,17 @@ def setup(
     app: web.Application, settings: Settings, turns: TurnService, http: aiohttp.ClientSession
 ) -> None:
     turns.register_channel(ApiChannel())
+    readers = EventStreamReaders(settings.server.max_streams_per_key)
+    followers = TurnFollowers(app[READ_SESSIONS], turns.streams)
+    app[STREAM_READERS] = readers
+    app[TURN_FOLLOWERS] = followers
+    app[METRICS].track_streams(lambda: readers.count, lambda: followers.pollers)
+
+    async def close_streams(app: web.Application) -> None:
+        await followers.close()
+        await readers.close()
+
+    app.on_cleanup.append(close_streams)
     app.router.add_post("/v1/messages", post_message)
     app.router.add_get("/v1/turns/{turn_id}", get_turn)
     app.router.add_get("/v1/turns/{turn_id}/events", turn_events)

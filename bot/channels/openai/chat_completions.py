@@ -28,7 +28,7 @@ from bot.channels.openai.ingress import (
 from bot.channels.openai.messages import MessagesError, fold
 from bot.channels.openai.requests import ChatCompletionRequest, parse
 from bot.channels.openai.threads import resolve
-from bot.http.keys import CHAT_FORMAT, SESSIONS, SETTINGS, TURNS
+from bot.http.keys import CHAT_FORMAT, SESSIONS, SETTINGS, TURN_FOLLOWERS, TURNS
 from bot.http.sse import open_event_stream
 
 API_NAME = "chat.completions"
@@ -105,7 +105,7 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
 
 
 async def _outcome(request: web.Request, turn_id: str) -> Outcome:
-    async for event in follow(request.app[TURNS].streams, request.app[SESSIONS], turn_id):
+    async for event in follow(request.app[TURN_FOLLOWERS], turn_id):
         if isinstance(event, Outcome):
             return event
     raise AssertionError("a turn's events always end with its outcome")
@@ -130,7 +130,7 @@ async def _stream(
     response = await open_event_stream(request)
     async with wire.stopping_on_disconnect(request.app[TURNS], started.turn_id):
         await wire.write(response, chunk({"role": "assistant", "content": ""}))
-        events = follow(request.app[TURNS].streams, request.app[SESSIONS], started.turn_id)
+        events = follow(request.app[TURN_FOLLOWERS], started.turn_id)
         async for event in events:
             if isinstance(event, Delta):
                 await wire.write(response, chunk({"content": event.text}))

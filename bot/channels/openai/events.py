@@ -1,26 +1,18 @@
 """A turn's reply as it is generated: deltas, then one final outcome.
 
-Follows the in-process stream when this process runs the turn, else the turn's
-row (finished, or run by another worker that saves the reply so far there).
+The events come from ``bot.turns.followers`` (the in-process stream when this
+process runs the turn, else the turn's row, one poller per turn); here they
+become what the OpenAI wire formats need.
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
-
 from bot.errors import USER_MESSAGES, ErrorClass
 from bot.storage.models import Turn, TurnStatus
-from bot.turns.streams import TurnStreams
-
-STORED_TURN_POLL_S = 0.25
-"""How often a turn this process does not run is re-read, at most."""
-FIRST_POLL_S = 0.02
-"""The first re-read: with several workers the turn usually starts here a moment after it
-was accepted, and its stream opens then; the interval doubles up to ``STORED_TURN_POLL_S``."""
+from bot.turns.followers import TurnFollowers
 
 
 @dataclass(frozen=True)
@@ -65,31 +57,10 @@ def outcome_of_row(turn: Turn) -> Outcome:
     )
 
 
-async def follow(
-    streams: TurnStreams, sessions: async_sessionmaker[AsyncSession], turn_id: str
-) -> AsyncIterator[Delta | Outcome]:
+async def follow(followers: TurnFollowers, turn_id: str) -> AsyncIterator[Delta | Outcome]:
     """Deltas of the reply, then its ``Outcome`` (always last)."""
-    offset = 0
-    poll_s = FIRST_POLL_S
-    while not streams.has(turn_id):
-        async with sessions() as session:
-            turn = await session.get(Turn, turn_id)
-        if turn is None:
-            yield Outcome("", 0, 0, 0, None, ErrorClass.INTERNAL, "the turn is gone")
-            return
-        so_far = turn.reply_text or ""
-        if turn.status in TurnStatus.FINAL:
-            if len(so_far) > offset:
-                yield Delta(so_far[offset:])
-            yield outcome_of_row(turn)
-            return
-        if len(so_far) > offset:
-            yield Delta(so_far[offset:])
-            offset = len(so_far)
-        await asyncio.sleep(poll_s)
-        poll_s = min(poll_s * 2, STORED_TURN_POLL_S)
     text = ""
-    async for event in streams.subscribe(turn_id, offset):
+    async for event in followers.follow(turn_id):
         if event.kind == "delta":
             text += event.data["text"]
             yield Delta(event.data["text"])
@@ -102,6 +73,10 @@ async def follow(
                 completion_tokens=_usage_int(usage, "completion_tokens"),
                 finish_reason=event.data.get("finish_reason"),
             )
+            return
         else:
             error = ErrorClass(event.data.get("error_class", ErrorClass.INTERNAL.value))
             yield Outcome(text, 0, 0, 0, None, error, event.data.get("message", ""))
+            return
+    # The turn is gone (deleted) or its row could not be read.
+    yield Outcome(text, 0, 0, 0, None, ErrorClass.INTERNAL, USER_MESSAGES[ErrorClass.INTERNAL])

@@ -47,7 +47,7 @@ from bot.channels.openai.threads import (
     is_latest_turn,
     resolve,
 )
-from bot.http.keys import CHAT_FORMAT, SESSIONS, SETTINGS, TURNS
+from bot.http.keys import CHAT_FORMAT, SESSIONS, SETTINGS, TURN_FOLLOWERS, TURNS
 from bot.http.sse import open_event_stream
 from bot.storage.models import TurnStatus
 from bot.storage.queries import as_utc
@@ -262,7 +262,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
 
 
 async def _outcome(request: web.Request, turn_id: str) -> Outcome:
-    async for event in follow(request.app[TURNS].streams, request.app[SESSIONS], turn_id):
+    async for event in follow(request.app[TURN_FOLLOWERS], turn_id):
         if isinstance(event, Outcome):
             return event
     raise AssertionError("a turn's events always end with its outcome")
@@ -300,7 +300,7 @@ async def _stream(
         )
         empty_part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
         await events.send("response.content_part.added", part=empty_part, **at)
-        async for event in follow(request.app[TURNS].streams, request.app[SESSIONS], turn_id):
+        async for event in follow(request.app[TURN_FOLLOWERS], turn_id):
             if isinstance(event, Delta):
                 await events.send("response.output_text.delta", delta=event.text, logprobs=[], **at)
                 continue
