@@ -30,11 +30,33 @@ async def read_body(request: web.Request, limit: int) -> bytes:
         raise BodyError(json_error(413, "too_large", f"body exceeds {limit} bytes")) from exc
 
 
-def parse_json_object(body: bytes) -> dict[str, Any]:
+def load_json(body: bytes) -> Any:
+    """The body as JSON, or a 400 that says what is wrong with it.
+
+    Besides syntax, Python's decoder refuses two things a client controls:
+    nesting deeper than the interpreter's recursion limit (``RecursionError``)
+    and integers of more than ``sys.get_int_max_str_digits()`` digits
+    (``ValueError``). Both are the client's fault, never a 500.
+    """
     try:
-        document = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise BodyError(json_error(400, "bad_request", f"body is not valid JSON: {exc}")) from exc
+        return json.loads(body)
+    except UnicodeDecodeError:
+        raise BodyError(json_error(400, "bad_request", "body is not UTF-8 JSON")) from None
+    except json.JSONDecodeError as exc:
+        where = f"line {exc.lineno} column {exc.colno}"
+        raise BodyError(
+            json_error(400, "bad_request", f"body is not valid JSON ({exc.msg} at {where})")
+        ) from None
+    except RecursionError:
+        raise BodyError(json_error(400, "bad_request", "body nests JSON too deeply")) from None
+    except ValueError:
+        raise BodyError(
+            json_error(400, "bad_request", "body holds a number with too many digits")
+        ) from None
+
+
+def parse_json_object(body: bytes) -> dict[str, Any]:
+    document = load_json(body)
     if not isinstance(document, dict):
         raise BodyError(json_error(400, "bad_request", "body must be a JSON object"))
     return document

@@ -17,7 +17,7 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sqlalchemy import select
 
-from bot.apikeys import Principal, authenticate
+from bot.channels.api.auth import authenticate_chat
 from bot.channels.api.channel import ApiChannel
 from bot.channels.base import InboundMessage
 from bot.config import Settings
@@ -45,25 +45,6 @@ class MessageIn(BaseModel):
     user_id: str | None = Field(default=None, max_length=ID_MAX)
 
 
-def _bearer_key(request: web.Request) -> str | None:
-    header = request.headers.get("Authorization", "")
-    scheme, _, key = header.partition(" ")
-    if scheme.lower() != "bearer" or not key.strip():
-        return None
-    return key.strip()
-
-
-async def _authenticate(request: web.Request) -> Principal | web.Response:
-    key = _bearer_key(request)
-    if key is None:
-        return json_error(401, "auth", "missing 'Authorization: Bearer <api key>' header")
-    async with request.app[SESSIONS]() as session:
-        principal = await authenticate(session, key)
-    if principal is None:
-        return json_error(401, "auth", "unknown, revoked or expired API key")
-    return principal
-
-
 def _wants_event_stream(request: web.Request) -> bool:
     return "text/event-stream" in request.headers.get("Accept", "")
 
@@ -72,7 +53,7 @@ async def post_message(request: web.Request) -> web.StreamResponse:
     settings = request.app[SETTINGS]
     started = request.get(REQUEST_STARTED, time.perf_counter())
     auth_started = time.perf_counter()
-    principal = await _authenticate(request)
+    principal = await authenticate_chat(request)
     if isinstance(principal, web.Response):
         return principal
     auth_ms = (time.perf_counter() - auth_started) * 1000
@@ -138,7 +119,7 @@ async def post_message(request: web.Request) -> web.StreamResponse:
 
 
 async def _owned_turn(request: web.Request) -> tuple[Turn, str] | web.Response:
-    principal = await _authenticate(request)
+    principal = await authenticate_chat(request)
     if isinstance(principal, web.Response):
         return principal
     turn_id = request.match_info["turn_id"]
