@@ -29,6 +29,7 @@ from bot import systemd
 from bot.config import Settings
 from bot.engine.base import InferenceEngine
 from bot.http.app import create_app
+from bot.http.deadlines import app_runner
 from bot.http.keys import ENGINE
 from bot.http.ops import admin_app, readiness
 from bot.turns.chat_format import ChatFormat
@@ -85,8 +86,12 @@ async def serve(
     the bound (main, admin) addresses once ready (port 0 picks free ports).
     """
     app = await create_app(settings, engine=engine, chat_format=chat_format)
-    runner = web.AppRunner(
-        app, handle_signals=False, access_log=None, shutdown_timeout=CONNECTION_CLOSE_TIMEOUT_S
+    runner = app_runner(
+        app,
+        settings.server,
+        handle_signals=False,
+        access_log=None,
+        shutdown_timeout=CONNECTION_CLOSE_TIMEOUT_S,
     )
     admin_runner: web.AppRunner | None = None
     stop = asyncio.Event()
@@ -100,7 +105,9 @@ async def serve(
         await runner.setup()
         await web.TCPSite(runner, settings.server.host, settings.server.port).start()
         if settings.server.admin_port is not None:
-            admin_runner = web.AppRunner(admin_app(app), handle_signals=False, access_log=None)
+            admin_runner = app_runner(
+                admin_app(app), settings.server, handle_signals=False, access_log=None
+            )
             await admin_runner.setup()
             await web.TCPSite(
                 admin_runner, settings.server.admin_host, settings.server.admin_port
