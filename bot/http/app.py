@@ -19,6 +19,7 @@ from bot.channels.registry import CHANNEL_SETUPS
 from bot.config import Settings
 from bot.engine.base import InferenceEngine
 from bot.http import ops
+from bot.http.errors import json_error
 from bot.http.keys import (
     ENGINE,
     HTTP_CLIENT,
@@ -42,15 +43,44 @@ log = structlog.get_logger(__name__)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
+HTTP_ERROR_MIN = 400
+_HTTP_ERRORS = {404: "not_found", 405: "method_not_allowed", 413: "too_large"}
+_KEPT_HEADERS = ("Allow", "Retry-After")
+
 
 @web.middleware
 async def request_context(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Stamp arrival time and bind a request id to every log line of this request."""
+    """Stamp arrival time and bind a request id to every log line of this request.
+
+    Every error answer is JSON ``{"error", "reason"}``: aiohttp's own (unknown
+    path, wrong method) too. An unexpected exception is a 500 that tells the
+    client only the request id; its text and traceback go to the log under it.
+    """
     request[REQUEST_STARTED] = time.perf_counter()
     request[REQUEST_RECEIVED_AT] = time.time()
+    request_id = uuid.uuid4().hex[:16]
     structlog.contextvars.clear_contextvars()
-    structlog.contextvars.bind_contextvars(request_id=uuid.uuid4().hex[:16])
-    return await handler(request)
+    structlog.contextvars.bind_contextvars(request_id=request_id)
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < HTTP_ERROR_MIN:
+            raise
+        response = json_error(exc.status, _HTTP_ERRORS.get(exc.status, "bad_request"), exc.reason)
+        for name in _KEPT_HEADERS:
+            if name in exc.headers:
+                response.headers[name] = exc.headers[name]
+        return response
+    except Exception:
+        log.exception(
+            "request_failed", method=request.method, path=request.path, request_id=request_id
+        )
+        return json_error(
+            500,
+            "internal",
+            "internal error; the service log has the details",
+            request_id=request_id,
+        )
 
 
 def build_engine(settings: Settings) -> InferenceEngine:

@@ -21,6 +21,7 @@ from bot.channels.api.auth import authenticate_chat
 from bot.channels.api.channel import ApiChannel
 from bot.channels.base import InboundMessage
 from bot.config import Settings
+from bot.errors import USER_MESSAGES, ErrorClass
 from bot.http.body import BodyError, parse_json_object, read_body
 from bot.http.errors import json_error
 from bot.http.keys import REQUEST_RECEIVED_AT, REQUEST_STARTED, SESSIONS, SETTINGS, TURNS
@@ -133,6 +134,18 @@ async def _owned_turn(request: web.Request) -> tuple[Turn, str] | web.Response:
     return turn, external_key or ""
 
 
+def public_error(error_class: str | None) -> str | None:
+    """What a client is told of a failed turn: its class's message.
+
+    Never the stored ``error_message``: that is for the log and the operator, and
+    may name internal hosts or carry an exception's text.
+    """
+    if error_class is None:
+        return None
+    known = {member.value: member for member in ErrorClass}
+    return USER_MESSAGES[known.get(error_class, ErrorClass.INTERNAL)]
+
+
 def turn_document(turn: Turn, conversation_key: str) -> dict[str, Any]:
     layer_ms = dict(turn.layer_ms or {})
     return {
@@ -148,7 +161,7 @@ def turn_document(turn: Turn, conversation_key: str) -> dict[str, Any]:
         },
         "finish_reason": turn.finish_reason,
         "error_class": turn.error_class,
-        "error": turn.error_message,
+        "error": public_error(turn.error_class),
         "timings_ms": layer_ms,
         "coalesced_into": turn.coalesced_into,
         "compaction_id": turn.compaction_id,
@@ -207,8 +220,6 @@ def _final_event(turn: Turn) -> StreamEvent:
                 **({"coalesced_into": turn.coalesced_into} if turn.coalesced_into else {}),
             },
         )
-    from bot.errors import USER_MESSAGES, ErrorClass
-
     error_class = ErrorClass(turn.error_class or ErrorClass.INTERNAL.value)
     return StreamEvent(
         "error",
