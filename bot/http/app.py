@@ -18,7 +18,7 @@ from aiohttp import web
 from bot.channels.registry import CHANNEL_SETUPS
 from bot.config import Settings
 from bot.engine.base import InferenceEngine
-from bot.http import ops
+from bot.http import openapi, ops
 from bot.http.errors import json_error
 from bot.http.keys import (
     ENGINE,
@@ -163,4 +163,5 @@ async def create_app(
     app.cleanup_ctx.append(lifetime)
     for setup in CHANNEL_SETUPS:
         setup(app, settings, turns, http)
+    openapi.setup(app)
     return app
