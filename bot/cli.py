@@ -23,7 +23,7 @@ import click
 
 from bot.channels.telegram.cli import telegram
 from bot.chat_client import chat
-from bot.cli_common import Context, pass_context
+from bot.cli_common import Context, database_password_masked, pass_context
 from bot.cli_conversations import conversations
 from bot.cli_db import db
 from bot.cli_doctor import doctor
@@ -73,7 +73,10 @@ def serve(ctx: Context) -> None:
 
     settings = ctx.settings
     configure_logging(settings.logging.level, settings.logging.format)
-    if asyncio.run(pending_migrations(settings.database.url)):
+    url = settings.database.url
+    with database_password_masked(url):
+        pending = asyncio.run(pending_migrations(url))
+    if pending:
         raise click.ClickException(
             "the database has pending migrations: run `botctl db upgrade` first"
         )
@@ -83,7 +86,8 @@ def serve(ctx: Context) -> None:
         lock = single_process_guard(settings.database.url)  # held until the process exits
     except AlreadyRunning as exc:
         raise click.ClickException(str(exc)) from exc
-    code = asyncio.run(serve_forever(settings))
+    with database_password_masked(url, show_traceback=True):
+        code = asyncio.run(serve_forever(settings))
     del lock
     sys.exit(code)
 

@@ -6,7 +6,7 @@ import asyncio
 
 import click
 
-from bot.cli_common import Context, pass_context
+from bot.cli_common import Context, masks_database_password, pass_context
 
 
 @click.group()
@@ -26,6 +26,7 @@ def db() -> None:
 @db.command("upgrade")
 @click.argument("revision", default="head")
 @pass_context
+@masks_database_password
 def db_upgrade(ctx: Context, revision: str) -> None:
     """Migrate the database up to REVISION (default: head)."""
     from bot.storage.migrate import current_revision, upgrade
@@ -40,6 +41,7 @@ def db_upgrade(ctx: Context, revision: str) -> None:
 @click.argument("revision")
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 @pass_context
+@masks_database_password
 def db_downgrade(ctx: Context, revision: str, yes: bool) -> None:
     """Migrate the database down to REVISION (``base`` drops every table: data is lost)."""
     from bot.storage.migrate import current_revision, downgrade
@@ -55,6 +57,7 @@ def db_downgrade(ctx: Context, revision: str, yes: bool) -> None:
 
 @db.command("current")
 @pass_context
+@masks_database_password
 def db_current(ctx: Context) -> None:
     """Print the database's current revision ("(empty)" before the first upgrade)."""
     from bot.storage.migrate import current_revision
@@ -64,6 +67,7 @@ def db_current(ctx: Context) -> None:
 
 @db.command("history")
 @pass_context
+@masks_database_password
 def db_history(ctx: Context) -> None:
     """List the revisions, oldest first; the database's current one is marked."""
     from alembic.script import ScriptDirectory
@@ -80,6 +84,7 @@ def db_history(ctx: Context) -> None:
 
 @db.command("check")
 @pass_context
+@masks_database_password
 def db_check(ctx: Context) -> None:
     """Exit 0 when the database is at the newest revision, else 1 naming the command to run."""
     from bot.storage.migrate import current_revision, head_revision

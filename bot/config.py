@@ -60,6 +60,12 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+# Slow clients (bot.http.deadlines): generous for a phone on a bad network, short
+# enough that a trickling client cannot hold a connection for long.
+DEFAULT_HEADER_TIMEOUT_S = 20.0
+DEFAULT_BODY_TIMEOUT_S = 30.0
+
+
 class ServerSettings(_Section):
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)
@@ -72,6 +78,11 @@ class ServerSettings(_Section):
     """Event streams (SSE) one API key may hold open on a worker; one more is refused with 429."""
     sse_keepalive_s: float = Field(DEFAULT_SSE_KEEPALIVE_S, gt=0)
     """A comment line is sent on a silent event stream this often, so proxies keep it open."""
+    header_timeout_s: float = Field(DEFAULT_HEADER_TIMEOUT_S, gt=0)
+    """A request's line and headers must arrive within this (else 408, connection closed);
+    also how long an idle keep-alive connection stays open."""
+    body_timeout_s: float = Field(DEFAULT_BODY_TIMEOUT_S, gt=0)
+    """A request's body must arrive within this once its handler reads it (else 408)."""
     public_url: str | None = None
     """Public HTTPS base URL platforms reach this service at; ``botctl doctor`` checks webhooks."""
     admin_host: str = "127.0.0.1"

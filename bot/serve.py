@@ -26,9 +26,10 @@ import structlog
 from aiohttp import web
 
 from bot import systemd
-from bot.config import Settings
+from bot.config import ServerSettings, Settings
 from bot.engine.base import InferenceEngine
 from bot.http.app import create_app
+from bot.http.deadlines import app_runner
 from bot.http.keys import ENGINE
 from bot.http.ops import admin_app, readiness
 from bot.turns.chat_format import ChatFormat
@@ -46,14 +47,19 @@ class NotReady(RuntimeError):
     pass
 
 
-def app_runner(app: web.Application) -> web.AppRunner:
+def main_runner(app: web.Application, server: ServerSettings) -> web.AppRunner:
     """The runner of the main app, as ``serve`` runs it (tests serve the app the same way).
 
-    aiohttp's defaults stay: ``handler_cancellation`` is off, so a handler is
-    not cancelled when its client disconnects (``bot.http.readers`` notices).
+    The slow-client deadlines apply (``bot.http.deadlines``); aiohttp's
+    ``handler_cancellation`` stays off, so a handler is not cancelled when its
+    client disconnects (``bot.http.readers`` notices).
     """
-    return web.AppRunner(
-        app, handle_signals=False, access_log=None, shutdown_timeout=CONNECTION_CLOSE_TIMEOUT_S
+    return app_runner(
+        app,
+        server,
+        handle_signals=False,
+        access_log=None,
+        shutdown_timeout=CONNECTION_CLOSE_TIMEOUT_S,
     )
 
 
@@ -96,7 +102,7 @@ async def serve(
     the bound (main, admin) addresses once ready (port 0 picks free ports).
     """
     app = await create_app(settings, engine=engine, chat_format=chat_format)
-    runner = app_runner(app)
+    runner = main_runner(app, settings.server)
     admin_runner: web.AppRunner | None = None
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -109,7 +115,9 @@ async def serve(
         await runner.setup()
         await web.TCPSite(runner, settings.server.host, settings.server.port).start()
         if settings.server.admin_port is not None:
-            admin_runner = web.AppRunner(admin_app(app), handle_signals=False, access_log=None)
+            admin_runner = app_runner(
+                admin_app(app), settings.server, handle_signals=False, access_log=None
+            )
             await admin_runner.setup()
             await web.TCPSite(
                 admin_runner, settings.server.admin_host, settings.server.admin_port

@@ -6,13 +6,13 @@ import asyncio
 import socket
 
 from sqlalchemy import text
-from sqlalchemy.engine import make_url
 
 from bot.config import Settings
 from bot.doctor.report import CONFIG, PENDING_MIGRATION, DoctorFailure
 from bot.errors import ErrorClass
 from bot.storage.db import create_engine
 from bot.storage.migrate import current_revision, head_revision
+from bot.storage.redact import hide_password, redact
 
 DB_TIMEOUT_S = 5.0
 
@@ -31,7 +31,7 @@ def _chain(exc: BaseException) -> list[BaseException]:
 
 def classify_db_error(exc: BaseException, url: str) -> DoctorFailure:
     """Name the usual cause of a failed connection; never echo the URL (it may hold a password)."""
-    where = make_url(url).render_as_string(hide_password=True)
+    where = hide_password(url)
     chain = _chain(exc)
     names = {type(item).__name__ for item in chain}
     text_all = " ".join(str(item) for item in chain).lower()
@@ -70,7 +70,7 @@ def classify_db_error(exc: BaseException, url: str) -> DoctorFailure:
             "is the database server running, and are host and port in database.url right?",
         )
     return DoctorFailure(
-        ErrorClass.INTERNAL.value, f"{where}: {type(exc).__name__}: {str(exc)[:200]}"
+        ErrorClass.INTERNAL.value, redact(f"{where}: {type(exc).__name__}: {str(exc)[:200]}", url)
     )
 
 
@@ -84,7 +84,7 @@ async def check_database(settings: Settings) -> str:
         raise classify_db_error(exc, url) from exc
     finally:
         await engine.dispose()
-    return make_url(url).render_as_string(hide_password=True)
+    return hide_password(url)
 
 
 async def check_migrations(settings: Settings) -> str:

@@ -14,6 +14,7 @@ from bot.doctor import model, platforms, remote, storage
 from bot.doctor.report import CONFIG, CheckResult, DoctorFailure
 from bot.engine.base import InferenceEngine
 from bot.errors import ErrorClass
+from bot.storage.redact import redact
 from bot.turns.chat_format import ChatFormat
 
 REMOTE_TIMEOUT_S = 10.0
@@ -36,6 +37,8 @@ class _Walk:
     def __init__(self, emit: Emit) -> None:
         self.results: list[CheckResult] = []
         self._emit = emit
+        self.database_url = ""
+        """Once the settings are loaded: masked in every message (it may hold a password)."""
 
     async def step(self, layer: str, check: Callable[[], Awaitable[str]]) -> bool:
         started = time.perf_counter()
@@ -55,7 +58,7 @@ class _Walk:
                 layer,
                 False,
                 (time.perf_counter() - started) * 1000,
-                f"{type(exc).__name__}: {str(exc)[:300]}",
+                redact(f"{type(exc).__name__}: {str(exc)[:300]}", self.database_url),
                 ErrorClass.INTERNAL.value,
             )
         else:
@@ -90,6 +93,7 @@ async def run_doctor(
     async def config() -> str:
         settings = _load(config_path)
         loaded["settings"] = settings
+        walk.database_url = settings.database.url
         source = str(config_path) if config_path else "defaults and environment"
         return (
             f"{source}: engine {settings.engine.kind}, {len(settings.telegram)} telegram, "

@@ -11,14 +11,13 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 
-import sqlalchemy.exc
 import structlog
 from aiohttp import web
 
 from bot.channels.registry import CHANNEL_SETUPS
 from bot.config import Settings
 from bot.engine.base import InferenceEngine
-from bot.http import ops
+from bot.http import openapi, ops
 from bot.http.clients import platform_client
 from bot.http.errors import json_error
 from bot.http.keys import (
@@ -38,6 +37,7 @@ from bot.storage.db import (
     create_probe_engine,
     create_read_sessionmaker,
     create_sessionmaker,
+    storage_unavailable,
 )
 from bot.turns.chat_format import ChatFormat, ChatFormatSource, load_tokenizer
 from bot.turns.claims import build_claims
@@ -52,43 +52,56 @@ log = structlog.get_logger(__name__)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
+HTTP_ERROR_MIN = 400
+_HTTP_ERRORS = {404: "not_found", 405: "method_not_allowed", 413: "too_large"}
+_KEPT_HEADERS = ("Allow", "Retry-After")
+
 
 @web.middleware
 async def request_context(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Stamp arrival time and bind a request id to every log line of this request."""
+    """Stamp arrival time and bind a request id to every log line of this request.
+
+    Every error answer is JSON ``{"error", "reason"}``: aiohttp's own (unknown
+    path, wrong method) too. An unexpected exception is a 500 that tells the
+    client only the request id; its text and traceback go to the log under it.
+    """
     request[REQUEST_STARTED] = time.perf_counter()
     request[REQUEST_RECEIVED_AT] = time.time()
+    request_id = uuid.uuid4().hex[:16]
     structlog.contextvars.clear_contextvars()
-    structlog.contextvars.bind_contextvars(request_id=uuid.uuid4().hex[:16])
-    return await handler(request)
+    structlog.contextvars.bind_contextvars(request_id=request_id)
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < HTTP_ERROR_MIN:
+            raise
+        response = json_error(exc.status, _HTTP_ERRORS.get(exc.status, "bad_request"), exc.reason)
+        for name in _KEPT_HEADERS:
+            if name in exc.headers:
+                response.headers[name] = exc.headers[name]
+        return response
+    except Exception as exc:
+        if storage_unavailable(exc):
+            # Nothing was stored: Telegram, Slack and webhook senders redeliver on a
+            # non-2xx answer, and a stored delivery is deduplicated, never answered twice.
+            log.warning("storage_unavailable", path=request.path, error=type(exc).__name__)
+            response = json_error(
+                503, "unavailable", "the service cannot store messages right now; try again"
+            )
+            response.headers["Retry-After"] = str(STORAGE_RETRY_AFTER_S)
+            return response
+        log.exception(
+            "request_failed", method=request.method, path=request.path, request_id=request_id
+        )
+        return json_error(
+            500,
+            "internal",
+            "internal error; the service log has the details",
+            request_id=request_id,
+        )
 
 
 STORAGE_RETRY_AFTER_S = 1
-STORAGE_UNAVAILABLE = (
-    sqlalchemy.exc.OperationalError,
-    sqlalchemy.exc.InterfaceError,
-    sqlalchemy.exc.TimeoutError,  # no pooled connection in time
-    sqlalchemy.exc.DisconnectionError,
-    ConnectionError,
-)
-
-
-@web.middleware
-async def storage_unavailable(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """The database did not answer: 503 and nothing stored, so the sender may try again.
-
-    Telegram, Slack and webhook senders redeliver on a non-2xx answer; the
-    delivery is deduplicated once it is stored, so a retry is never answered twice.
-    """
-    try:
-        return await handler(request)
-    except STORAGE_UNAVAILABLE as exc:
-        log.warning("storage_unavailable", error=type(exc).__name__)
-        response = json_error(
-            503, "unavailable", "the service cannot store messages right now; try again"
-        )
-        response.headers["Retry-After"] = str(STORAGE_RETRY_AFTER_S)
-        return response
 
 
 def build_engine(settings: Settings) -> InferenceEngine:
@@ -110,7 +123,7 @@ async def create_app(
     """Build the app. Pass ``engine`` to share one already started (its owner stops it)."""
     app = web.Application(
         client_max_size=settings.server.max_body_bytes,
-        middlewares=[request_context, storage_unavailable],
+        middlewares=[request_context],
     )
     app[SETTINGS] = settings
     db_engine = create_engine(settings.database.url, echo=settings.database.echo)
@@ -187,4 +200,5 @@ async def create_app(
     app.cleanup_ctx.append(lifetime)
     for setup in CHANNEL_SETUPS:
         setup(app, settings, turns, http)
+    openapi.setup(app)
     return app

@@ -53,7 +53,11 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readiness(app: web.Application) -> str | None:
-    """None when ready, else the reason."""
+    """None when ready, else the reason, fit for anyone to read.
+
+    Which layer fails is public; why it fails (an exception's text may name an
+    internal URL or host) goes to the log only, with the request id.
+    """
     state = app[OPS_STATE]
     if state.draining:
         return "draining: the service is shutting down"
@@ -65,12 +69,14 @@ async def readiness(app: web.Application) -> str | None:
             async with app[DB_PROBE].connect() as connection:
                 await connection.execute(text("SELECT 1"))
     except Exception as exc:
-        return f"database: {type(exc).__name__}"
+        log.warning("not_ready", layer="database", error=f"{type(exc).__name__}: {exc}")
+        return "database: not answering"
     try:
         async with asyncio.timeout(READY_CHECK_TIMEOUT_S):
             await app[ENGINE].check_health()
     except Exception as exc:
-        return f"engine: {type(exc).__name__}: {str(exc)[:200]}"
+        log.warning("not_ready", layer="engine", error=f"{type(exc).__name__}: {exc}")
+        return "engine: not answering"
     return None
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import sqlalchemy.exc
 from sqlalchemy import event
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import (
@@ -88,3 +89,29 @@ def create_read_sessionmaker(engine: AsyncEngine) -> async_sessionmaker[AsyncSes
     waiting its turn (see ``_on_sqlite_begin``): use ``create_sessionmaker`` to write.
     """
     return async_sessionmaker(engine.execution_options(**{READ_ONLY: True}), expire_on_commit=False)
+
+
+_UNAVAILABLE_SIGNS = (
+    "database is locked",
+    "connection",
+    "could not connect",
+    "terminating",
+    "the database system is",
+)
+
+
+def storage_unavailable(exc: BaseException) -> bool:
+    """True when ``exc`` says the database did not answer (try again later), not that a
+    statement was wrong: lost or refused connections, an empty pool, a lock held too long."""
+    if isinstance(exc, sqlalchemy.exc.TimeoutError | sqlalchemy.exc.DisconnectionError):
+        return True  # no pooled connection in time; a connection found dead
+    if isinstance(exc, ConnectionError | TimeoutError):
+        return True
+    if not isinstance(exc, sqlalchemy.exc.DBAPIError):
+        return False
+    if exc.connection_invalidated or isinstance(exc.orig, OSError | TimeoutError):
+        return True
+    if not isinstance(exc, sqlalchemy.exc.OperationalError | sqlalchemy.exc.InterfaceError):
+        return False
+    text = str(exc.orig).lower()
+    return any(sign in text for sign in _UNAVAILABLE_SIGNS)

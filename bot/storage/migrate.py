@@ -19,7 +19,9 @@ MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
 def alembic_config(database_url: str) -> Config:
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS_DIR))
-    config.set_main_option("sqlalchemy.url", database_url)
+    # Options go through ConfigParser interpolation: a percent-encoded password
+    # (p%40ss) would raise with the whole URL in the message. %% reads back as %.
+    config.set_main_option("sqlalchemy.url", database_url.replace("%", "%%"))
     return config
 
 

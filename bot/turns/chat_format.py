@@ -13,19 +13,32 @@ so this works for any template that renders earlier turns verbatim (ChatML,
 Llama 3, Mistral, Gemma, ...). Templates that rewrite earlier turns (e.g.
 dropping old reasoning) are detected at start-up and refused with an error:
 with them no history can be reused.
+
+Message contents are user-controlled (message text, display names, summaries
+of them): they are tokenized so that they never produce a control token of the
+vocabulary, while the template's own markup keeps its control tokens
+(``literal_text``). Each rendering is first tokenized whole, as the template
+means it; if that yields any control token the template itself does not
+write, the rendering is tokenized again in pieces: the template's text around
+each content as usual, each content as literal text.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
+
+from bot.turns.literal_text import LiteralEncoder, control_token_ids
 
 # Stand-ins used only to find where the template puts things.
 _SENTINEL_USER = "\x00USER_SENTINEL\x00"
 _SENTINEL_ASSISTANT = "\x00ASSISTANT_SENTINEL\x00"
 _PROBE_USER = "Hello."
 _PROBE_ASSISTANT = "Hi."
+# Padded with spaces to see whether the template trims contents (Llama 3, Gemma do).
+_PADDED_PROBE = " Hello. "
 
 
 class ChatTemplateError(Exception):
@@ -37,7 +50,7 @@ class Tokenizer(Protocol):
 
     def apply_chat_template(self, conversation: Any, **kwargs: Any) -> Any: ...
 
-    def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]: ...
+    def encode(self, text: str, add_special_tokens: bool = ..., **kwargs: Any) -> list[int]: ...
 
     def decode(self, token_ids: Sequence[int], **kwargs: Any) -> str: ...
 
@@ -55,6 +68,20 @@ def user_content(text: str, user_name: str | None) -> str:
     return f"{user_name}: {text}" if user_name else text
 
 
+@dataclass(frozen=True)
+class _Frame:
+    """A rendering cut at its message contents: ``texts[0] c0 texts[1] c1 ... texts[n]``.
+
+    ``kept`` are the indices of the messages whose content the template wrote (a
+    template may drop some); ``text_ids`` the template's own text, tokenized.
+    """
+
+    texts: tuple[str, ...]
+    kept: tuple[int, ...]
+    text_ids: tuple[list[int], ...]
+    control_counts: Counter[int]
+
+
 class ChatFormat:
     """Builds prompt ids for a conversation from its model's chat template."""
 
@@ -62,12 +89,19 @@ class ChatFormat:
         self._tokenizer = tokenizer
         self.system_prompt = system_prompt
         self._system = [{"role": "system", "content": system_prompt}] if system_prompt else []
+        self._literal = LiteralEncoder(tokenizer)
+        self._control_ids = control_token_ids(tokenizer)
         self._closing_ids = self._derive_closing_ids()
         self._history_prefix = self._render(
             [*self._system, _msg("user", _PROBE_USER), _msg("assistant", _PROBE_ASSISTANT)],
             add_generation_prompt=False,
         )
         self._check_prefix_stable()
+        self._shape = self._probe_content_shaping()
+        self._first_frame = self._frame(
+            [*self._system, _msg("user", _PROBE_USER)], add_generation_prompt=True
+        )
+        self._after_closed_frame = self._derive_after_closed_frame()
 
     # -- template probing ------------------------------------------------------------
 
@@ -109,12 +143,99 @@ class ChatFormat:
                 "is added; token-exact history (and prefix caching) is impossible with it"
             )
 
+    def _probe_content_shaping(self) -> Callable[[str], str]:
+        """How the template writes a content: as given, or trimmed (Llama 3, Gemma)."""
+        messages = [
+            *self._system,
+            _msg("user", _PADDED_PROBE),
+            _msg("assistant", _PADDED_PROBE),
+        ]
+        rendered = self._render(messages, add_generation_prompt=False)
+        frame = self._frame(messages, add_generation_prompt=False)
+        contents = [messages[i]["content"] for i in frame.kept]
+        for shape in (_as_given, str.strip):
+            if _join(frame.texts, [shape(c) for c in contents]) == rendered:
+                return shape
+        # A template that rewrites contents some other way: its markup is still kept
+        # around literal contents, only that rewriting is skipped (hostile text only).
+        return _as_given
+
+    def _derive_after_closed_frame(self) -> _Frame:
+        longer = self._render(
+            [
+                *self._system,
+                _msg("user", _PROBE_USER),
+                _msg("assistant", _PROBE_ASSISTANT),
+                _msg("user", _SENTINEL_USER),
+            ],
+            add_generation_prompt=True,
+        )
+        before, found, after = longer[len(self._history_prefix) :].partition(_SENTINEL_USER)
+        if not found:
+            raise ChatTemplateError("the chat template drops user messages")
+        return self._frame_from_texts((before, after), kept=(0,))
+
+    def _frame(self, messages: Sequence[dict[str, str]], *, add_generation_prompt: bool) -> _Frame:
+        sentinels = [_content_sentinel(i) for i in range(len(messages))]
+        rendered = self._render(
+            [{**m, "content": s} for m, s in zip(messages, sentinels, strict=True)],
+            add_generation_prompt=add_generation_prompt,
+        )
+        texts: list[str] = []
+        kept: list[int] = []
+        at = 0
+        for index, sentinel in enumerate(sentinels):
+            found = rendered.find(sentinel, at)
+            if found < 0:
+                continue  # the template does not write this message's content
+            texts.append(rendered[at:found])
+            kept.append(index)
+            at = found + len(sentinel)
+        texts.append(rendered[at:])
+        if any("\x00MESSAGE_" in text for text in texts):
+            raise ChatTemplateError("the chat template reorders message contents")
+        return self._frame_from_texts(tuple(texts), kept=tuple(kept))
+
+    def _frame_from_texts(self, texts: tuple[str, ...], kept: tuple[int, ...]) -> _Frame:
+        text_ids = tuple(self._encode(text) for text in texts)
+        counts = self._control_counts(id_ for ids in text_ids for id_ in ids)
+        return _Frame(texts, kept, text_ids, counts)
+
+    def _control_counts(self, ids: Iterable[int]) -> Counter[int]:
+        return Counter(id_ for id_ in ids if id_ in self._control_ids)
+
+    # -- tokenizing renderings ------------------------------------------------------
+
+    def _tokenize(self, rendered: str, frame: _Frame, contents: Sequence[str]) -> list[int]:
+        """Ids of a rendering whose contents can never add a control token."""
+        ids = self._encode(rendered)
+        if self._control_counts(ids) == frame.control_counts:
+            return ids  # the usual case: exactly the template's own tokenization
+        # Some content produced a control token: rebuild from the template's own
+        # pieces around each content tokenized as literal text.
+        rebuilt = list(frame.text_ids[0])
+        for content, text_ids in zip(contents, frame.text_ids[1:], strict=True):
+            rebuilt += self._literal.encode(self._shape(content))
+            rebuilt += text_ids
+        return rebuilt
+
+    def literal_ids(self, text: str) -> list[int]:
+        """Ids of user-controlled text as the prompt holds it when it carries markers."""
+        return self._literal.encode(self._shape(text))
+
+    @property
+    def control_ids(self) -> frozenset[int]:
+        """Ids of the vocabulary's control (added and special) tokens."""
+        return self._control_ids
+
     # -- prompt building -------------------------------------------------------------
 
     def first_turn(self, content: str) -> UserTurn:
         """Ids of the very first prompt: system prompt, user message, generation prompt."""
-        rendered = self._render([*self._system, _msg("user", content)], add_generation_prompt=True)
-        return UserTurn(self._encode(rendered), content)
+        messages = [*self._system, _msg("user", content)]
+        rendered = self._render(messages, add_generation_prompt=True)
+        contents = [messages[i]["content"] for i in self._first_frame.kept]
+        return UserTurn(self._tokenize(rendered, self._first_frame, contents), content)
 
     def next_turn(self, previous_generated: Sequence[int], content: str) -> UserTurn:
         """Ids to append after the previous reply: its closing, then the new user turn."""
@@ -133,14 +254,16 @@ class ChatFormat:
             add_generation_prompt=True,
         )
         suffix = full[len(self._history_prefix) :]
-        return UserTurn(self._encode(suffix), content)
+        return UserTurn(self._tokenize(suffix, self._after_closed_frame, [content]), content)
 
     def render_ids(
         self, messages: Sequence[dict[str, str]], *, add_generation_prompt: bool
     ) -> list[int]:
         """Render whole messages with the template and tokenize, once (compaction, summaries)."""
         rendered = self._render(list(messages), add_generation_prompt=add_generation_prompt)
-        return self._encode(rendered)
+        frame = self._frame(messages, add_generation_prompt=add_generation_prompt)
+        contents = [messages[i]["content"] for i in frame.kept]
+        return self._tokenize(rendered, frame, contents)
 
     @property
     def tokenizer(self) -> Tokenizer:
@@ -159,6 +282,21 @@ class ChatFormat:
 
     def decode(self, token_ids: Sequence[int]) -> str:
         return self._tokenizer.decode(token_ids, skip_special_tokens=False)
+
+
+def _content_sentinel(index: int) -> str:
+    return f"\x00MESSAGE_{index}\x00"
+
+
+def _as_given(content: str) -> str:
+    return content
+
+
+def _join(texts: Sequence[str], contents: Sequence[str]) -> str:
+    parts = [texts[0]]
+    for content, text in zip(contents, texts[1:], strict=True):
+        parts += [content, text]
+    return "".join(parts)
 
 
 def _msg(role: str, content: str) -> dict[str, str]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import hashlib
 import json
 import time
 from collections import OrderedDict
@@ -57,9 +58,22 @@ class UnknownChannel(Exception):
     pass
 
 
+# inbound_events.event_id is VARCHAR(400); PostgreSQL counts characters.
+EVENT_ID_MAX_CHARS = 400
+EVENT_ID_HASH_PREFIX = "sha256:"
+
+
 def api_event_id(owner: str, conversation_key: str, message_id: str) -> str:
-    """Dedupe key of an HTTP API message: unique per owner, conversation and message id."""
-    return json.dumps([owner, conversation_key, message_id], separators=(",", ":"))
+    """Dedupe key of an HTTP API message: unique per owner, conversation and message id.
+
+    The JSON array keeps short keys readable (and those already stored unchanged);
+    a longer one (non-ASCII ids escape to six characters each) is replaced by its
+    SHA-256, so any ids the API accepts fit the column.
+    """
+    key = json.dumps([owner, conversation_key, message_id], separators=(",", ":"))
+    if len(key) <= EVENT_ID_MAX_CHARS:
+        return key
+    return EVENT_ID_HASH_PREFIX + hashlib.sha256(key.encode()).hexdigest()
 
 
 class TurnService:

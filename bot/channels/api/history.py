@@ -10,8 +10,8 @@ from __future__ import annotations
 from aiohttp import web
 from sqlalchemy import select
 
+from bot.channels.api.auth import authenticate_chat
 from bot.channels.api.routes import API_CHANNEL, turn_document
-from bot.channels.api.routes import _authenticate as authenticate_request
 from bot.http.keys import READ_SESSIONS
 from bot.storage.models import Conversation, Turn
 
@@ -20,7 +20,7 @@ MAX_TURNS = 200
 
 
 async def conversation_turns(request: web.Request) -> web.Response:
-    principal = await authenticate_request(request)
+    principal = await authenticate_chat(request)
     if isinstance(principal, web.Response):
         return principal
     key = request.match_info["conversation_id"]

@@ -15,17 +15,18 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sqlalchemy import select
 
-from bot.apikeys import Principal, authenticate
+from bot.apikeys import Principal
+from bot.channels.api.auth import authenticate_chat
 from bot.channels.api.channel import ApiChannel
 from bot.channels.base import InboundMessage
 from bot.config import Settings
+from bot.errors import USER_MESSAGES, ErrorClass
 from bot.http.body import BodyError, parse_json_object, read_body
 from bot.http.errors import json_error
 from bot.http.keys import (
     READ_SESSIONS,
     REQUEST_RECEIVED_AT,
     REQUEST_STARTED,
-    SESSIONS,
     SETTINGS,
     STREAM_READERS,
     TURN_FOLLOWERS,
@@ -53,25 +54,6 @@ class MessageIn(BaseModel):
     user_id: str | None = Field(default=None, max_length=ID_MAX)
 
 
-def _bearer_key(request: web.Request) -> str | None:
-    header = request.headers.get("Authorization", "")
-    scheme, _, key = header.partition(" ")
-    if scheme.lower() != "bearer" or not key.strip():
-        return None
-    return key.strip()
-
-
-async def _authenticate(request: web.Request) -> Principal | web.Response:
-    key = _bearer_key(request)
-    if key is None:
-        return json_error(401, "auth", "missing 'Authorization: Bearer <api key>' header")
-    async with request.app[SESSIONS]() as session:
-        principal = await authenticate(session, key)
-    if principal is None:
-        return json_error(401, "auth", "unknown, revoked or expired API key")
-    return principal
-
-
 def _wants_event_stream(request: web.Request) -> bool:
     return "text/event-stream" in request.headers.get("Accept", "")
 
@@ -80,7 +62,7 @@ async def post_message(request: web.Request) -> web.StreamResponse:
     settings = request.app[SETTINGS]
     started = request.get(REQUEST_STARTED, time.perf_counter())
     auth_started = time.perf_counter()
-    principal = await _authenticate(request)
+    principal = await authenticate_chat(request)
     if isinstance(principal, web.Response):
         return principal
     auth_ms = (time.perf_counter() - auth_started) * 1000
@@ -157,7 +139,7 @@ async def post_message(request: web.Request) -> web.StreamResponse:
 
 
 async def _owned_turn(request: web.Request) -> tuple[Turn, str, Principal] | web.Response:
-    principal = await _authenticate(request)
+    principal = await authenticate_chat(request)
     if isinstance(principal, web.Response):
         return principal
     turn_id = request.match_info["turn_id"]
@@ -171,6 +153,18 @@ async def _owned_turn(request: web.Request) -> tuple[Turn, str, Principal] | web
     return turn, external_key or "", principal
 
 
+def public_error(error_class: str | None) -> str | None:
+    """What a client is told of a failed turn: its class's message.
+
+    Never the stored ``error_message``: that is for the log and the operator, and
+    may name internal hosts or carry an exception's text.
+    """
+    if error_class is None:
+        return None
+    known = {member.value: member for member in ErrorClass}
+    return USER_MESSAGES[known.get(error_class, ErrorClass.INTERNAL)]
+
+
 def turn_document(turn: Turn, conversation_key: str) -> dict[str, Any]:
     layer_ms = dict(turn.layer_ms or {})
     return {
@@ -182,7 +176,7 @@ def turn_document(turn: Turn, conversation_key: str) -> dict[str, Any]:
         "usage": usage(turn.prompt_tokens, turn.cached_tokens, turn.completion_tokens),
         "finish_reason": turn.finish_reason,
         "error_class": turn.error_class,
-        "error": turn.error_message,
+        "error": public_error(turn.error_class),
         "timings_ms": layer_ms,
         "coalesced_into": turn.coalesced_into,
         "compaction_id": turn.compaction_id,

@@ -18,7 +18,6 @@ A 5xx (e.g. the database is down) makes Slack retry later, which is what we want
 
 from __future__ import annotations
 
-import json
 import time
 from urllib.parse import parse_qs
 
@@ -45,7 +44,7 @@ from bot.channels.slack.events import (
 from bot.channels.slack.signing import SignedBody, pick_app, read_signed_body
 from bot.config import Settings
 from bot.errors import ErrorClass
-from bot.http.body import BodyError, read_body
+from bot.http.body import BodyError, load_json, read_body
 from bot.http.errors import json_error
 from bot.http.keys import REQUEST_RECEIVED_AT, REQUEST_STARTED
 from bot.turns.service import TurnService
@@ -77,9 +76,9 @@ class SlackEvents:
             return signed
 
         try:
-            document = json.loads(signed.raw)
+            document = load_json(signed.raw)
             parsed = parse_body(document)
-        except (UnicodeDecodeError, json.JSONDecodeError, MalformedEvent) as exc:
+        except (BodyError, MalformedEvent) as exc:
             log.warning("slack_event_malformed", error=str(exc))
             return json_error(400, "bad_request", "not an Events API payload")
         if isinstance(parsed, UrlVerification):

@@ -5,6 +5,8 @@ attempt, not from the first try) and carries the same ``X-Webhook-Delivery``
 id, so a receiver can drop an attempt it already processed. Retried: network
 errors, timeouts, 408, 425, 429 and 5xx. Any other answer is final: a 4xx
 means the receiver refuses the message, and retrying would not change that.
+Redirects are not followed: a 3xx is such a final answer too (a signed reply
+goes to the configured URL only, never where an answer points it).
 When the retries add up to ``retry_for_s``, ``DeliveryError(delivery)``.
 """
 
@@ -55,7 +57,11 @@ class CallbackClient:
         }
         try:
             async with self._http.post(
-                self._settings.callback_url, data=body, headers=headers, timeout=self._timeout
+                self._settings.callback_url,
+                data=body,
+                headers=headers,
+                timeout=self._timeout,
+                allow_redirects=False,
             ) as response:
                 if 200 <= response.status < 300:
                     return True, f"HTTP {response.status}", None

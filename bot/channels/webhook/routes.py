@@ -7,12 +7,13 @@
 3. Parse ``{"conversation_id", "message_id", "text", "user_id"?, "user_name"?}``
    (400 with a reason when malformed or too long; nothing stored).
 4. ``TurnService.accept`` stores it deduplicated on ``(webhook:{name}, message_id)``
-   and the 202 goes out; a redelivery answers with the same turn.
+   and the 202 goes out; a redelivery answers with the same turn. Over a fair-use
+   limit: 429 with ``Retry-After``, nothing stored, and no callback (the 429 is
+   the answer).
 """
 
 from __future__ import annotations
 
-import json
 import time
 
 import aiohttp
@@ -24,7 +25,7 @@ from bot.channels.base import InboundMessage
 from bot.channels.webhook.channel import WebhookChannel
 from bot.channels.webhook.signing import SIGNATURE_HEADER, TIMESTAMP_HEADER, verify_any
 from bot.config import Settings
-from bot.http.body import BodyError, read_body
+from bot.http.body import BodyError, load_json, read_body
 from bot.http.errors import json_error
 from bot.http.keys import REQUEST_RECEIVED_AT, REQUEST_STARTED
 from bot.turns.service import TurnService
@@ -85,9 +86,9 @@ class WebhookEvents:
 
         ingress_started = time.perf_counter()
         try:
-            message = WebhookMessage.model_validate(json.loads(body))
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            return json_error(400, "bad_request", "body is not valid JSON")
+            message = WebhookMessage.model_validate(load_json(body))
+        except BodyError as exc:
+            return exc.response
         except ValidationError as exc:
             return json_error(400, "bad_request", _problems(exc))
         if len(message.text) > self._max_text:
@@ -117,6 +118,17 @@ class WebhookEvents:
                 received_at=request.get(REQUEST_RECEIVED_AT, time.time()),
             )
         )
+        if accepted.rate_limited is not None:
+            refusal = accepted.rate_limited
+            response = json_error(
+                429,
+                "rate_limited",
+                refusal.user_message,
+                limit=refusal.limit,
+                retry_after_s=refusal.retry_after_s,
+            )
+            response.headers["Retry-After"] = str(refusal.retry_after_s)
+            return response
         log.info(
             "webhook_message",
             webhook=name,

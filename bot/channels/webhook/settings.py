@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 DEFAULT_CALLBACK_TIMEOUT_S = 10.0
 DEFAULT_RETRY_FOR_S = 60.0
@@ -23,6 +23,11 @@ class WebhookSettings(BaseModel):
 
     Callbacks are signed with ``secret`` only (docs/webhook.md, "Rotating the secret")."""
     callback_url: str = Field(pattern=r"^https?://")
+    """Where replies are POSTed: https, unless ``allow_http_callback``. Redirects are not
+    followed (a 3xx is a refusal): the signed reply goes to this URL or nowhere."""
+    allow_http_callback: bool = False
+    """Allow an ``http://`` callback_url (a receiver on the same host or a private network):
+    without TLS the replies can be read and altered on the way."""
     callback_timeout_s: float = Field(DEFAULT_CALLBACK_TIMEOUT_S, gt=0)
     """One callback attempt may take this long."""
     retry_for_s: float = Field(DEFAULT_RETRY_FOR_S, ge=0)
@@ -38,6 +43,14 @@ class WebhookSettings(BaseModel):
         if len(value.get_secret_value()) < MIN_SECRET_CHARS:
             raise ValueError(f"must have at least {MIN_SECRET_CHARS} characters")
         return value
+
+    @model_validator(mode="after")
+    def _https_unless_allowed(self) -> WebhookSettings:
+        if self.callback_url.startswith("http://") and not self.allow_http_callback:
+            raise ValueError(
+                "callback_url must be https:// (set allow_http_callback = true to allow http://)"
+            )
+        return self
 
     @field_validator("previous_secrets")
     @classmethod

@@ -20,6 +20,9 @@ SIGNATURE_HEADER = "X-Webhook-Signature"
 DELIVERY_HEADER = "X-Webhook-Delivery"
 SIGNATURE_VERSION = "v1"
 REPLAY_WINDOW_S = 300
+# Unix seconds have 10 digits until the year 2286; more is never a real timestamp
+# (and Python refuses int() of over 4,300 digits, which must not become a 500).
+TIMESTAMP_MAX_DIGITS = 12
 
 
 def signature(secret: str, timestamp: str, body: bytes) -> str:
@@ -60,7 +63,7 @@ def verify(
     """None when the request is authentic and fresh, else why not (for logs; never the secret)."""
     if not timestamp or not signature_header:
         return "missing signature headers"
-    if not timestamp.isascii() or not timestamp.isdigit():
+    if not timestamp.isascii() or not timestamp.isdigit() or len(timestamp) > TIMESTAMP_MAX_DIGITS:
         return "timestamp is not Unix seconds"
     current = time.time() if now is None else now
     if abs(current - int(timestamp)) > window_s:

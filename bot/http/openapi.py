@@ -1,0 +1,328 @@
+"""``GET /openapi.json``: the HTTP surface as OpenAPI 3.0, every route and every status it answers.
+
+The document is written by hand, next to the handlers it describes, and kept
+true by tests: every route the app serves must be in it (and nothing else),
+and schemathesis fuzzes the live app from it, failing on any 5xx or on a
+status the document does not list. Channel ingress routes (Telegram, Slack,
+webhooks) exist only when configured, so the served document lists only the
+paths this app actually routes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+OPENAPI_PATH = "/openapi.json"
+ID_MAX = 200  # the API's limit on conversation, message and user ids
+
+_ERROR = {
+    "type": "object",
+    "required": ["error", "reason"],
+    "properties": {"error": {"type": "string"}, "reason": {"type": "string"}},
+}
+_REASONS = {
+    400: "Malformed: bad JSON, missing or unknown fields, too long; nothing stored",
+    401: "Missing, wrong, revoked or expired credentials (key, secret, signature)",
+    403: "The API key lacks the scope this endpoint needs",
+    404: "No such resource (another owner's turn, an unconfigured integration)",
+    408: "The request body did not arrive within server.body_timeout_s",
+    413: "The body is over server.max_body_bytes",
+    429: "Over a fair-use limit; Retry-After says when to try again; nothing stored",
+    503: "Not ready, the database did not answer, or a platform lookup failed; try again",
+}
+_BEARER: list[dict[str, list[str]]] = [{"apiKey": []}]
+_OPENAI_ERROR = {
+    "type": "object",
+    "required": ["error"],
+    "properties": {
+        "error": {
+            "type": "object",
+            "required": ["message", "type", "code"],
+            "properties": {
+                "message": {"type": "string"},
+                "type": {"type": "string"},
+                "param": {"type": "string", "nullable": True},
+                "code": {"type": "string", "nullable": True},
+            },
+        }
+    },
+}
+_OPENAI_REASONS = {
+    **_REASONS,
+    500: "The turn failed inside the service (error.code says which class)",
+    503: "The engine or the database is unavailable; try again",
+    504: "The engine did not answer in time",
+}
+
+
+def _errors(*statuses: int) -> dict[str, Any]:
+    return {
+        str(status): {
+            "description": _REASONS[status],
+            "content": {"application/json": {"schema": _ERROR}},
+        }
+        for status in statuses
+    }
+
+
+def _openai_errors(*statuses: int) -> dict[str, Any]:
+    """OpenAI-style error objects (``bot.channels.openai.errors``)."""
+    return {
+        str(status): {
+            "description": _OPENAI_REASONS[status],
+            "content": {"application/json": {"schema": _OPENAI_ERROR}},
+        }
+        for status in statuses
+    }
+
+
+def _json(description: str, schema: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {
+        "description": description,
+        "content": {"application/json": {"schema": schema or {"type": "object"}}},
+    }
+
+
+def _path_param(name: str) -> dict[str, Any]:
+    return {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
+
+
+def _raw_body(media_type: str) -> dict[str, Any]:
+    return {"required": True, "content": {media_type: {"schema": {"type": "object"}}}}
+
+
+_ID = {"type": "string", "minLength": 1, "maxLength": ID_MAX}
+_MESSAGE_IN = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["conversation_id", "message_id", "text"],
+    "properties": {
+        "conversation_id": _ID,
+        "message_id": _ID,
+        "text": {"type": "string", "minLength": 1},
+        "user_id": {"type": "string", "maxLength": ID_MAX, "nullable": True},
+    },
+}
+_SSE = {"description": "Server-Sent Events", "content": {"text/event-stream": {}}}
+
+_PATHS: dict[str, dict[str, Any]] = {
+    "/v1/messages": {
+        "post": {
+            "summary": "Send a message; 202 once stored, before the reply is generated",
+            "security": _BEARER,
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": _MESSAGE_IN}},
+            },
+            "responses": {
+                "200": _SSE,
+                "202": _json("Stored (or a duplicate of a stored message): the turn"),
+                **_errors(400, 401, 403, 408, 413, 429, 503),
+            },
+        }
+    },
+    "/v1/turns/{turn_id}": {
+        "get": {
+            "summary": "A turn's status, reply, usage and timings",
+            "security": _BEARER,
+            "parameters": [_path_param("turn_id")],
+            "responses": {"200": _json("The turn"), **_errors(401, 403, 404)},
+        }
+    },
+    "/v1/turns/{turn_id}/events": {
+        "get": {
+            "summary": "The reply as Server-Sent Events (Last-Event-ID resumes)",
+            "security": _BEARER,
+            "parameters": [
+                _path_param("turn_id"),
+                {"name": "Last-Event-ID", "in": "header", "schema": {"type": "string"}},
+            ],
+            "responses": {"200": _SSE, **_errors(401, 403, 404, 429)},
+        }
+    },
+    "/v1/turns/{turn_id}/cancel": {
+        "post": {
+            "summary": "Stop a running turn or drop a queued one",
+            "security": _BEARER,
+            "parameters": [_path_param("turn_id")],
+            "responses": {"200": _json("Whether it was cancelled"), **_errors(401, 403, 404)},
+        }
+    },
+    "/v1/conversations/{conversation_id}/turns": {
+        "get": {
+            "summary": "A conversation's turns, oldest first (the web page's history)",
+            "security": _BEARER,
+            "parameters": [_path_param("conversation_id")],
+            "responses": {"200": _json("The turns"), **_errors(401, 403, 404)},
+        }
+    },
+    "/v1/chat/completions": {
+        "post": {
+            "summary": "OpenAI-compatible chat completions (docs/openai_api.md)",
+            "security": _BEARER,
+            "requestBody": _raw_body("application/json"),
+            "responses": {
+                "200": {
+                    "description": "The completion, or its chunks as Server-Sent Events",
+                    "content": {"application/json": {}, "text/event-stream": {}},
+                },
+                **_openai_errors(400, 401, 403, 404, 408, 413, 429, 500, 503, 504),
+            },
+        }
+    },
+    "/v1/responses": {
+        "post": {
+            "summary": "OpenAI-compatible responses, previous_response_id continues one",
+            "security": _BEARER,
+            "requestBody": _raw_body("application/json"),
+            "responses": {
+                "200": {
+                    "description": "The response, or its events as Server-Sent Events",
+                    "content": {"application/json": {}, "text/event-stream": {}},
+                },
+                **_openai_errors(400, 401, 403, 404, 408, 413, 429, 500, 503, 504),
+            },
+        }
+    },
+    "/v1/responses/{response_id}": {
+        "get": {
+            "summary": "A stored response",
+            "security": _BEARER,
+            "parameters": [_path_param("response_id")],
+            "responses": {"200": _json("The response"), **_openai_errors(401, 403, 404)},
+        }
+    },
+    "/v1/models": {
+        "get": {
+            "summary": "The served model",
+            "security": _BEARER,
+            "responses": {"200": _json("The model list"), **_openai_errors(401, 403)},
+        }
+    },
+    "/v1/models/{model}": {
+        "get": {
+            "summary": "One model",
+            "security": _BEARER,
+            "parameters": [_path_param("model")],
+            "responses": {"200": _json("The model"), **_openai_errors(401, 403, 404)},
+        }
+    },
+    "/healthz": {"get": {"summary": "Liveness", "responses": {"200": _json("Alive")}}},
+    "/readyz": {
+        "get": {
+            "summary": "Readiness: database and engine answer, not draining",
+            "responses": {"200": _json("Ready"), **_errors(503)},
+        }
+    },
+    "/metrics": {
+        "get": {
+            "summary": "Prometheus metrics (an admin-scope key on this port)",
+            "security": _BEARER,
+            "responses": {
+                "200": {"description": "Prometheus text", "content": {"text/plain": {}}},
+                **_errors(401, 403),
+            },
+        }
+    },
+    OPENAPI_PATH: {"get": {"summary": "This document", "responses": {"200": _json("OpenAPI 3.0")}}},
+    "/": {
+        "get": {
+            "summary": "The web chat page",
+            "responses": {"200": {"description": "HTML", "content": {"text/html": {}}}},
+        }
+    },
+    "/static/{filename}": {
+        "get": {
+            "summary": "The web page's scripts and styles",
+            "parameters": [_path_param("filename")],
+            "responses": {"200": {"description": "The file"}, **_errors(404)},
+        }
+    },
+    "/telegram/{bot_name}": {
+        "post": {
+            "summary": "Telegram webhook; X-Telegram-Bot-Api-Secret-Token checked",
+            "parameters": [_path_param("bot_name")],
+            "requestBody": _raw_body("application/json"),
+            "responses": {
+                "200": {"description": "Acknowledged (answered or ignored)"},
+                **_errors(400, 401, 404, 408, 413, 503),
+            },
+        }
+    },
+    "/slack/events": {
+        "post": {
+            "summary": "Slack Events API; X-Slack-Signature checked, 5-minute window",
+            "requestBody": _raw_body("application/json"),
+            "responses": {
+                "200": {"description": "Acknowledged (answered or ignored)"},
+                **_errors(400, 401, 408, 413),
+            },
+        }
+    },
+    "/slack/commands": {
+        "post": {
+            "summary": "Slack slash commands /new and /stop; signature checked",
+            "requestBody": _raw_body("application/x-www-form-urlencoded"),
+            "responses": {
+                "200": {"description": "The command's answer"},
+                **_errors(400, 401, 408, 413),
+            },
+        }
+    },
+    "/webhooks/{name}": {
+        "post": {
+            "summary": "Signed generic webhook (docs/webhook.md)",
+            "parameters": [_path_param("name")],
+            "requestBody": _raw_body("application/json"),
+            "responses": {
+                "202": _json("Stored (or a duplicate): the turn"),
+                **_errors(400, 401, 404, 408, 413, 429),
+            },
+        }
+    },
+}
+
+
+def routed_paths(app: web.Application) -> set[tuple[str, str]]:
+    """(method, OpenAPI path) of every route of ``app``."""
+    found = set()
+    for route in app.router.routes():
+        if route.method == "HEAD":
+            continue  # aiohttp adds HEAD beside every GET
+        info = route.resource.get_info() if route.resource is not None else {}
+        path = info.get("formatter") or info.get("path")
+        if path is not None:
+            found.add((route.method.lower(), str(path)))
+    return found
+
+
+def document(app: web.Application) -> dict[str, Any]:
+    """The OpenAPI document of the paths ``app`` routes."""
+    routed = routed_paths(app)
+    paths = {
+        path: {method: op for method, op in operations.items() if (method, path) in routed}
+        for path, operations in _PATHS.items()
+    }
+    return {
+        "openapi": "3.0.3",
+        "info": {"title": "llm-chat-bot", "version": "1"},
+        "paths": {path: operations for path, operations in paths.items() if operations},
+        "components": {
+            "securitySchemes": {"apiKey": {"type": "http", "scheme": "bearer"}},
+        },
+    }
+
+
+def documented_paths() -> set[tuple[str, str]]:
+    """Every (method, path) the document can describe."""
+    return {(method, path) for path, ops in _PATHS.items() for method in ops}
+
+
+async def openapi_json(request: web.Request) -> web.Response:
+    return web.json_response(document(request.app))
+
+
+def setup(app: web.Application) -> None:
+    app.router.add_get(OPENAPI_PATH, openapi_json)
