@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
+import time
 from typing import Any
 
 import pytest
@@ -181,3 +183,34 @@ async def test_the_reply_so_far_is_saved_only_under_the_turns_lease(pg_url: str)
             assert stored is not None and stored.reply_text == "Hel"
     finally:
         await engine.dispose()
+
+
+async def test_a_worker_whose_turn_was_taken_over_stops_generating_it(
+    pg_url: str, make_client: MakeClient, engine: LocalVLLMEngine
+) -> None:
+    # A reply that takes half a minute or more: one character every 0.2 s.
+    client = await make_client(
+        pg_url, engine_override=TrickleEngine(engine, 1, 0.2), generation={"max_tokens": 600}
+    )
+    key = await issue_key(pg_url)
+    message = {"conversation_id": "c1", "message_id": "m1", "text": "Tell me more"}
+    body = await (await client.post("/v1/messages", json=message, headers=auth(key))).json()
+    stream = await client.get(f"/v1/turns/{body['turn_id']}/events", headers=auth(key))
+    await asyncio.sleep(1.0)
+    # Another worker decides this one is dead (its lease ran out) and fails the turn.
+    other = create_engine(pg_url)
+    try:
+        async with create_sessionmaker(other)() as session, session.begin():
+            await session.execute(
+                update(Turn)
+                .where(Turn.id == body["turn_id"])
+                .values(status=TurnStatus.FAILED, error_class="internal", lease_owner=None)
+            )
+    finally:
+        await other.dispose()
+    taken_over = time.monotonic()
+    events = await read_sse(stream)
+    # The generation stopped at its next save of the reply so far (every 0.5 s), and
+    # the stream ended with the ending the other worker stored.
+    assert time.monotonic() - taken_over < 5.0
+    assert events[-1].kind == "error" and events[-1].data["error_class"] == "internal"

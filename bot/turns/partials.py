@@ -41,9 +41,17 @@ class PartialReplies:
         self.interval_s = interval_s
 
     @contextlib.asynccontextmanager
-    async def saving(self, turn_id: str, reply_so_far: Callable[[], str]) -> AsyncIterator[None]:
-        """Save ``reply_so_far()`` every interval while the block runs (when it changed)."""
-        task = asyncio.create_task(self._save_while_running(turn_id, reply_so_far))
+    async def saving(
+        self,
+        turn_id: str,
+        reply_so_far: Callable[[], str],
+        on_lost: Callable[[], object] | None = None,
+    ) -> AsyncIterator[None]:
+        """Save ``reply_so_far()`` every interval while the block runs (when it changed).
+
+        ``on_lost`` is called once if a save finds the turn no longer ours to write.
+        """
+        task = asyncio.create_task(self._save_while_running(turn_id, reply_so_far, on_lost))
         try:
             yield
         finally:
@@ -51,7 +59,12 @@ class PartialReplies:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 
-    async def _save_while_running(self, turn_id: str, reply_so_far: Callable[[], str]) -> None:
+    async def _save_while_running(
+        self,
+        turn_id: str,
+        reply_so_far: Callable[[], str],
+        on_lost: Callable[[], object] | None,
+    ) -> None:
         saved = ""
         while True:
             await asyncio.sleep(self.interval_s)
@@ -60,7 +73,11 @@ class PartialReplies:
                 continue
             try:
                 if not await self.save(turn_id, text):
-                    return  # no longer ours (taken over) or no longer running
+                    # No longer ours (taken over) or no longer running.
+                    log.warning("turn_lease_lost", turn_id=turn_id)
+                    if on_lost is not None:
+                        on_lost()
+                    return
             except Exception as exc:  # a database blink costs readers one step, not the turn
                 log.warning("partial_reply_not_saved", error=f"{type(exc).__name__}: {exc}")
                 continue

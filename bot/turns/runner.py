@@ -257,11 +257,18 @@ class TurnRunner:
     def _saving_partials(
         self, turn_id: str, progress: _Progress
     ) -> contextlib.AbstractAsyncContextManager[None]:
-        """Several workers: the reply so far goes to the turn row for readers elsewhere."""
+        """Several workers: the reply so far goes to the turn row for readers elsewhere.
+
+        A save refused because the turn is no longer this worker's (its lease ran out
+        and another worker failed it) stops the generation: the reply must not go on
+        while the conversation's next turn may already run elsewhere.
+        """
         partials = self.policy.partials
         if partials is None:
             return contextlib.nullcontext()
-        return partials.saving(turn_id, lambda: progress.text)
+        return partials.saving(
+            turn_id, lambda: progress.text, on_lost=lambda: self.cancellations.request(turn_id)
+        )
 
     def _user_turn(self, history: History, content: str) -> UserTurn:
         if history.ends_with_base:

@@ -18,7 +18,12 @@ from bot.config import Settings
 from bot.turns.service import TurnService
 
 STATIC_DIR = Path(__file__).parent / "static"
-STATIC_FILES = {path.name: path for path in STATIC_DIR.iterdir() if path.is_file()}
+STATIC_FILES = {
+    path.relative_to(STATIC_DIR).as_posix(): path
+    for path in STATIC_DIR.rglob("*")
+    if path.is_file()
+}
+"""Every file the page may load, by its path under ``static/`` (``vendor/marked.esm.js``)."""
 
 # Only our own files, no inline script, no framing, no referrer: a page holding an API key.
 SECURITY_HEADERS = {
@@ -40,8 +45,8 @@ async def index(request: web.Request) -> web.StreamResponse:
 async def static_file(request: web.Request) -> web.StreamResponse:
     """One of the page's files; any other name is a 404 (a JSON one, like every refusal).
 
-    The folder is flat and its names are known at start-up: nothing a request
-    names can reach outside it.
+    The files are listed at start-up: a request names one of them or gets a 404,
+    so nothing it names can reach outside the folder.
     """
     path = STATIC_FILES.get(request.match_info["filename"])
     if path is None:
@@ -53,4 +58,4 @@ def setup(
     app: web.Application, settings: Settings, turns: TurnService, http: aiohttp.ClientSession
 ) -> None:
     app.router.add_get("/", index)
-    app.router.add_get("/static/{filename}", static_file)
+    app.router.add_get("/static/{filename:.+}", static_file)
