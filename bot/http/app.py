@@ -129,7 +129,8 @@ async def create_app(
     db_engine = create_engine(settings.database.url, echo=settings.database.echo)
     sessions = create_sessionmaker(db_engine)
     app[SESSIONS] = sessions
-    app[READ_SESSIONS] = create_read_sessionmaker(db_engine)
+    read_sessions = create_read_sessionmaker(db_engine)
+    app[READ_SESSIONS] = read_sessions
     db_probe = create_probe_engine(settings.database.url)
     app[DB_PROBE] = db_probe
     owns_engine = engine is None
@@ -161,6 +162,7 @@ async def create_app(
         turns.set_runner(
             TurnRunner(
                 sessions=sessions,
+                read_sessions=read_sessions,
                 engine=inference,
                 chat_format=fmt,
                 streams=turns.streams,

@@ -59,6 +59,7 @@ class TurnRunner:
         self,
         *,
         sessions: async_sessionmaker[AsyncSession],
+        read_sessions: async_sessionmaker[AsyncSession] | None = None,
         engine: InferenceEngine,
         chat_format: ChatFormat,
         streams: TurnStreams,
@@ -72,6 +73,8 @@ class TurnRunner:
         self.cancellations = cancellations or Cancellations()
         """Where stop requests reach a turn's generation (shared with ``TurnService``)."""
         self._sessions = sessions
+        self._read_sessions = read_sessions or sessions
+        """History reads: on SQLite these never take the write lock (``bot.storage.db``)."""
         self._engine = engine
         self._chat_format = chat_format
         self._streams = streams
@@ -161,7 +164,7 @@ class TurnRunner:
         with clock.measure("deliver"):
             await sink.start()
         with clock.measure("history"):
-            async with self._sessions() as session:
+            async with self._read_sessions() as session:
                 history = await load_history(session, turn.conversation_id)
                 cache_salt = await self.policy.cache_salt(session, turn.conversation_id)
         with clock.measure("tokenize"):
