@@ -14,8 +14,8 @@ import hmac
 import secrets
 from dataclasses import dataclass
 
-from sqlalchemy import select
-from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy import select, update
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from bot.storage.models import ApiKey, utcnow
 from bot.storage.queries import as_utc
@@ -82,12 +82,23 @@ async def create_key(
     return IssuedKey(key, record)
 
 
-async def authenticate(session: AsyncSession, presented: str) -> Principal | None:
-    """The principal for a presented key, or None (unknown, wrong, revoked or expired)."""
+async def authenticate(
+    read_sessions: async_sessionmaker[AsyncSession],
+    sessions: async_sessionmaker[AsyncSession],
+    presented: str,
+) -> Principal | None:
+    """The principal for a presented key, or None (unknown, wrong, revoked or expired).
+
+    The key is looked up in a read-only session: on SQLite that takes no write
+    lock, so checking a key never queues behind the turns being written. Only
+    when ``last_used_at`` is over a minute old is it written, in a short write.
+    """
     prefix = split_key(presented)
     if prefix is None:
         return None
-    record = (await session.scalars(select(ApiKey).where(ApiKey.prefix == prefix))).one_or_none()
+    async with read_sessions() as session:
+        query = select(ApiKey).where(ApiKey.prefix == prefix)
+        record = (await session.scalars(query)).one_or_none()
     # Hash even when the prefix is unknown, so timing does not tell which prefixes exist.
     expected = record.secret_hash if record is not None else hash_key("")
     if not hmac.compare_digest(hash_key(presented), expected) or record is None:
@@ -98,6 +109,8 @@ async def authenticate(session: AsyncSession, presented: str) -> Principal | Non
     if record.expires_at is not None and as_utc(record.expires_at) <= now:
         return None
     if record.last_used_at is None or now - as_utc(record.last_used_at) > LAST_USED_RESOLUTION:
-        record.last_used_at = now
-        await session.commit()
+        async with sessions() as session, session.begin():
+            await session.execute(
+                update(ApiKey).where(ApiKey.id == record.id).values(last_used_at=now)
+            )
     return Principal(record.id, record.owner, frozenset(record.scopes.split(",")))

@@ -25,7 +25,7 @@ from sqlalchemy import text
 
 from bot.apikeys import authenticate
 from bot.http.errors import json_error
-from bot.http.keys import DB_PROBE, ENGINE, SESSIONS, SETTINGS, TURNS
+from bot.http.keys import DB_PROBE, ENGINE, READ_SESSIONS, SESSIONS, SETTINGS, TURNS
 from bot.metrics import CONTENT_TYPE, BotMetrics
 
 log = structlog.get_logger(__name__)
@@ -92,8 +92,8 @@ async def _is_admin(request: web.Request) -> web.Response | None:
     scheme, _, key = request.headers.get("Authorization", "").partition(" ")
     if scheme.lower() != "bearer" or not key.strip():
         return json_error(401, "auth", "missing 'Authorization: Bearer <admin key>' header")
-    async with _main(request)[SESSIONS]() as session:
-        principal = await authenticate(session, key.strip())
+    main = _main(request)
+    principal = await authenticate(main[READ_SESSIONS], main[SESSIONS], key.strip())
     if principal is None:
         return json_error(401, "auth", "unknown, revoked or expired API key")
     if "admin" not in principal.scopes:

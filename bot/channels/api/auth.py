@@ -11,7 +11,7 @@ from aiohttp import web
 
 from bot.apikeys import Principal, authenticate
 from bot.http.errors import json_error
-from bot.http.keys import SESSIONS
+from bot.http.keys import READ_SESSIONS, SESSIONS
 
 CHAT_SCOPE = "chat"
 
@@ -29,8 +29,7 @@ async def authenticate_chat(request: web.Request) -> Principal | web.Response:
     key = bearer_key(request)
     if key is None:
         return json_error(401, "auth", "missing 'Authorization: Bearer <api key>' header")
-    async with request.app[SESSIONS]() as session:
-        principal = await authenticate(session, key)
+    principal = await authenticate(request.app[READ_SESSIONS], request.app[SESSIONS], key)
     if principal is None:
         return json_error(401, "auth", "unknown, revoked or expired API key")
     if CHAT_SCOPE not in principal.scopes:

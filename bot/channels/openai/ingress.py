@@ -25,7 +25,14 @@ from bot.channels.openai.threads import Continuation, Thread, record
 from bot.config import Settings
 from bot.errors import ErrorClass
 from bot.http.body import BodyError, parse_json_object, read_body
-from bot.http.keys import REQUEST_RECEIVED_AT, REQUEST_STARTED, SESSIONS, SETTINGS, TURNS
+from bot.http.keys import (
+    READ_SESSIONS,
+    REQUEST_RECEIVED_AT,
+    REQUEST_STARTED,
+    SESSIONS,
+    SETTINGS,
+    TURNS,
+)
 from bot.storage.models import Conversation
 
 log = structlog.get_logger(__name__)
@@ -68,8 +75,7 @@ async def authenticate_request(request: web.Request) -> Principal:
         raise RequestRefused(
             openai_error(401, "Missing 'Authorization: Bearer <api key>' header.", "auth")
         )
-    async with request.app[SESSIONS]() as session:
-        principal = await authenticate(session, key)
+    principal = await authenticate(request.app[READ_SESSIONS], request.app[SESSIONS], key)
     if principal is None:
         raise RequestRefused(openai_error(401, "Unknown, revoked or expired API key.", "auth"))
     return principal
