@@ -11,6 +11,9 @@ Examples::
 
 Each command group lives in its own module and is mounted below with
 ``main.add_command``.
+
+Shell completion is click's own: ``eval "$(_BOTCTL_COMPLETE=bash_source botctl)"``
+(``zsh_source``, ``fish_source`` for the other shells).
 """
 
 from __future__ import annotations
@@ -32,10 +35,14 @@ from bot.cli_limits import limits
 from bot.cli_model import model
 from bot.config import DEFAULT_DEMO_MODEL_DIR
 
+DISTRIBUTION = "llm-chat-bot"
+"""The installed distribution whose version ``botctl --version`` prints."""
+
 __all__ = ["Context", "main", "pass_context"]
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name=DISTRIBUTION, prog_name="botctl")
 @click.option(
     "--config",
     "config_path",

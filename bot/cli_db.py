@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 
 import click
 
@@ -56,19 +57,27 @@ def db_downgrade(ctx: Context, revision: str, yes: bool) -> None:
 
 
 @db.command("current")
+@click.option("--json", "as_json", is_flag=True, help="One JSON document: revision, head.")
 @pass_context
 @masks_database_password
-def db_current(ctx: Context) -> None:
+def db_current(ctx: Context, as_json: bool) -> None:
     """Print the database's current revision ("(empty)" before the first upgrade)."""
-    from bot.storage.migrate import current_revision
+    from bot.storage.migrate import current_revision, head_revision
 
-    click.echo(asyncio.run(current_revision(ctx.settings.database.url)) or "(empty)")
+    url = ctx.settings.database.url
+    current = asyncio.run(current_revision(url))
+    if as_json:
+        head = head_revision(url)
+        click.echo(json.dumps({"revision": current, "head": head, "up_to_date": current == head}))
+        return
+    click.echo(current or "(empty)")
 
 
 @db.command("history")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per revision and line.")
 @pass_context
 @masks_database_password
-def db_history(ctx: Context) -> None:
+def db_history(ctx: Context, as_json: bool) -> None:
     """List the revisions, oldest first; the database's current one is marked."""
     from alembic.script import ScriptDirectory
 
@@ -78,8 +87,18 @@ def db_history(ctx: Context) -> None:
     current = asyncio.run(current_revision(url))
     script = ScriptDirectory.from_config(alembic_config(url))
     for revision in reversed(list(script.walk_revisions())):
+        doc = (revision.doc or "").strip()
+        if as_json:
+            row = {
+                "revision": revision.revision,
+                "down_revision": revision.down_revision,
+                "doc": doc,
+                "current": revision.revision == current,
+            }
+            click.echo(json.dumps(row))
+            continue
         mark = "*" if revision.revision == current else " "
-        click.echo(f"{mark} {revision.revision}  {(revision.doc or '').strip()}")
+        click.echo(f"{mark} {revision.revision}  {doc}")
 
 
 @db.command("check")

@@ -8,6 +8,7 @@ config's ``[limits]`` value, and 0 means no limit.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 import click
@@ -156,30 +157,46 @@ def limits_clear(key: str | None, user: str | None) -> None:
 @limits.command("show")
 @click.option("--key", help="Only this API key (prefix, id or name).")
 @click.option("--user", help="Only this platform user (CHANNEL:USER_ID).")
-def limits_show(key: str | None, user: str | None) -> None:
+@click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
+def limits_show(key: str | None, user: str | None, as_json: bool) -> None:
     """Defaults, overrides, and today's token use of each overridden (or given) subject."""
     settings = _settings()
     fair_use = FairUse(settings.limits)
 
-    async def run() -> list[str]:
-        lines = [
-            f"default  messages_per_minute={fair_use.defaults.messages_per_minute}  "
-            f"tokens_per_day={fair_use.defaults.tokens_per_day}  (0 = no limit)"
-        ]
+    async def run() -> list[dict[str, str | int]]:
         async with db_session(settings) as session:
             if key is not None or user is not None:
                 subjects = [await _subject(session, key, user)]
             else:
                 subjects = [override.subject for override in await list_overrides(session)]
             day = int(time.time() // DAY_S) * DAY_S
+            rows: list[dict[str, str | int]] = []
             for subject in subjects:
                 effective = await fair_use.limits_for(session, subject)
-                used = await fair_use.tokens_used(session, subject, day)
-                lines.append(
-                    f"{subject}  messages_per_minute={effective.messages_per_minute}  "
-                    f"tokens_per_day={effective.tokens_per_day}  tokens_used_today={used}"
+                rows.append(
+                    {
+                        "subject": subject,
+                        "messages_per_minute": effective.messages_per_minute,
+                        "tokens_per_day": effective.tokens_per_day,
+                        "tokens_used_today": await fair_use.tokens_used(session, subject, day),
+                    }
                 )
-        return lines
+        return rows
 
-    for line in asyncio.run(run()):
-        click.echo(line)
+    subjects = asyncio.run(run())
+    defaults = {
+        "messages_per_minute": fair_use.defaults.messages_per_minute,
+        "tokens_per_day": fair_use.defaults.tokens_per_day,
+    }
+    if as_json:
+        click.echo(json.dumps({"defaults": defaults, "subjects": subjects}))
+        return
+    click.echo(
+        f"default  messages_per_minute={defaults['messages_per_minute']}  "
+        f"tokens_per_day={defaults['tokens_per_day']}  (0 = no limit)"
+    )
+    for row in subjects:
+        click.echo(
+            f"{row['subject']}  messages_per_minute={row['messages_per_minute']}  "
+            f"tokens_per_day={row['tokens_per_day']}  tokens_used_today={row['tokens_used_today']}"
+        )

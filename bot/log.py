@@ -3,6 +3,12 @@
 aiohttp's, SQLAlchemy's and vLLM's stdlib loggers go through the same
 processors via ``ProcessorFormatter``, so every line of the service has one
 shape. Request and conversation ids are bound with ``structlog.contextvars``.
+
+vLLM logs a score of INFO lines while its engine starts (config resolution,
+platform probing, shutdown steps) that bury the service's own lines, so its
+loggers are held at WARNING unless ``logging.level`` is DEBUG, or
+``VLLM_LOGGING_LEVEL`` names a level for them (vLLM's own variable, honoured
+here because vLLM's own logging set-up is turned off).
 """
 
 from __future__ import annotations
@@ -16,6 +22,24 @@ import structlog
 
 # Loggers that are chatty at INFO and add nothing to our own lines.
 _QUIET_LOGGERS = {"aiohttp.access": logging.WARNING, "sqlalchemy.engine": logging.WARNING}
+VLLM_LOGGER = "vllm"
+VLLM_QUIET_LEVEL = logging.WARNING
+VLLM_LEVEL_ENV = "VLLM_LOGGING_LEVEL"
+
+
+def vllm_log_level(level: str) -> int:
+    """The level of vLLM's loggers: $VLLM_LOGGING_LEVEL, else ours at DEBUG, else >= WARNING.
+
+    A logger's own level decides whether a record propagates to the root
+    handler, so the quiet level is never below the configured one (at ERROR,
+    vLLM's warnings stay out too).
+    """
+    levels = logging.getLevelNamesMapping()
+    explicit = os.environ.get(VLLM_LEVEL_ENV, "").strip().upper()
+    if explicit in levels:
+        return levels[explicit]
+    ours = levels[level.upper()]
+    return ours if ours == logging.DEBUG else max(ours, VLLM_QUIET_LEVEL)
 
 
 def configure_logging(level: str = "INFO", fmt: str = "auto") -> None:
@@ -56,3 +80,4 @@ def configure_logging(level: str = "INFO", fmt: str = "auto") -> None:
     root.setLevel(level)
     for name, quiet_level in _QUIET_LOGGERS.items():
         logging.getLogger(name).setLevel(quiet_level)
+    logging.getLogger(VLLM_LOGGER).setLevel(vllm_log_level(level))

@@ -1,7 +1,12 @@
 """Prometheus metrics of the service, fed by the turn runner's canonical ``turn`` lines.
 
 One ``BotMetrics`` per application, with its own registry (several apps live
-in one test process; the global registry would mix them). The runner calls
+in one test process; the global registry would mix them). ``/metrics`` renders
+that registry followed by prometheus_client's global one, which holds what
+belongs to the whole process: the process and platform collectors
+(``process_*``, ``python_*``) and, with the engine in-process, vLLM's own
+``vllm:*`` metrics (vLLM's stat logger registers them there). The two hold
+disjoint names: ours all start with ``bot_``. The runner calls
 ``observe_turn`` with the fields of each ``turn`` line, so the metrics and the
 log always agree. Platform 429s reach the metrics through
 ``note_rate_limited``, which channel clients call without knowing about apps.
@@ -12,7 +17,14 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
@@ -38,8 +50,13 @@ def platform_of(channel: str) -> str:
 
 
 class BotMetrics:
-    def __init__(self, in_flight: Callable[[], float] | None = None) -> None:
+    def __init__(
+        self,
+        in_flight: Callable[[], float] | None = None,
+        process_registry: CollectorRegistry = REGISTRY,
+    ) -> None:
         self.registry = CollectorRegistry()
+        self.process_registry = process_registry
         r = self.registry
         self.turns = Counter(
             "bot_turns", "Finished turns.", ["channel", "status", "error_class"], registry=r
@@ -140,4 +157,5 @@ class BotMetrics:
         return lambda: _rate_limit_listeners.remove(listener)
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        """This app's metrics, then the process's (collectors, in-process vLLM)."""
+        return generate_latest(self.registry) + generate_latest(self.process_registry)

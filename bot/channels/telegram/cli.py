@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import json
 import secrets
 from typing import Any
 
@@ -109,11 +110,18 @@ def set_webhook(
 
 @telegram.command("webhook-info")
 @click.argument("bot")
+@click.option(
+    "--json", "as_json", is_flag=True, help="Telegram's WebhookInfo as one JSON document."
+)
 @click.pass_context
-def webhook_info(ctx: click.Context, bot: str) -> None:
+def webhook_info(ctx: click.Context, bot: str, as_json: bool) -> None:
     """Show where Telegram delivers BOT's updates, and its last delivery error."""
     settings = _bot(ctx, bot)
     info = _call(settings, "getWebhookInfo")
+    if as_json:
+        document = {**info, "secret_token_configured": settings.secret_token is not None}
+        click.echo(json.dumps(document))
+        return
     click.echo(f"url: {info.get('url') or '(none: no webhook set)'}")
     click.echo(f"pending_update_count: {info.get('pending_update_count', 0)}")
     for key in ("ip_address", "max_connections", "allowed_updates", "last_error_message"):
