@@ -10,7 +10,7 @@ from playwright.async_api import Browser, Page, expect
 
 from bot.engine.vllm_local import LocalVLLMEngine
 from tests.conftest import MakeClient, issue_key
-from tests.engines import DownEngine, SlowEngine
+from tests.engines import DownEngine, TrickleEngine
 
 PHONE = {"width": 390, "height": 844}
 # Records every length the first reply had while it streamed, before the timing bar appeared.
@@ -45,9 +45,9 @@ async def test_sign_in_chat_stream_timing_reload(
     browser: Browser,
     artifacts: Path,
 ) -> None:
-    # 80 ms between steps: on a loaded 2-core machine 30 ms was not always enough for the
-    # browser to paint two partial states of a short reply.
-    client = await make_client(sqlite_url, engine_override=SlowEngine(engine, 0.08))
+    # A few characters every 80 ms, whatever vLLM merges: a slow reader gets the demo
+    # model's short reply in two engine steps, too few for two partial states on screen.
+    client = await make_client(sqlite_url, engine_override=TrickleEngine(engine, 3, 0.08))
     key = await issue_key(sqlite_url, "web-user")
     context = await browser.new_context(viewport={"width": 1000, "height": 800})
     page = await context.new_page()
