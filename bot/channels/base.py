@@ -9,6 +9,7 @@ nothing of HTTP or of any platform; they are named here for the channels.
 
 from __future__ import annotations
 
+from bot.errors import ErrorClass
 from bot.turns.inbound import InboundMessage
 from bot.turns.replies import Channel, ReplySink, TurnAddress, UsageAwareSink
 
@@ -16,6 +17,7 @@ __all__ = [
     "Channel",
     "InboundMessage",
     "ReplySink",
+    "SilentReplySink",
     "TurnAddress",
     "UsageAwareSink",
     "too_long_notice",
@@ -28,3 +30,20 @@ def too_long_notice(length: int, limit: int) -> str:
         f"Sorry, your message is too long for me ({length:,} characters; "
         f"the limit is {limit:,}). Please shorten it."
     )
+
+
+class SilentReplySink:
+    """The sink of a channel whose client reads the reply elsewhere (the turn's stream,
+    the HTTP response it is answered on) or was already answered: it sends nothing."""
+
+    async def start(self) -> None:
+        return None
+
+    async def delta(self, text_so_far: str) -> None:
+        return None
+
+    async def finish(self, text: str) -> None:
+        return None
+
+    async def fail(self, error_class: ErrorClass, user_message: str) -> None:
+        return None

@@ -6,26 +6,11 @@ which follows the turn's stream: the sink itself has nothing to send.
 
 from __future__ import annotations
 
-from bot.channels.base import ReplySink, TurnAddress
-from bot.errors import ErrorClass
-
-
-class OpenAIReplySink:
-    async def start(self) -> None:
-        return None
-
-    async def delta(self, text_so_far: str) -> None:
-        return None
-
-    async def finish(self, text: str) -> None:
-        return None
-
-    async def fail(self, error_class: ErrorClass, user_message: str) -> None:
-        return None
+from bot.channels.base import ReplySink, SilentReplySink, TurnAddress
 
 
 class OpenAIChannel:
     name = "openai"
 
     def open_reply(self, address: TurnAddress) -> ReplySink:
-        return OpenAIReplySink()
+        return SilentReplySink()

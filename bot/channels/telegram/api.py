@@ -139,7 +139,7 @@ class TelegramApi:
                 floods += 1
                 note_rate_limited("telegram")
                 log.warning(
-                    "telegram.flood_wait",
+                    "telegram_flood_wait",
                     method=method,
                     chat_id=chat_id,
                     retry_after=exc.retry_after,

@@ -93,7 +93,7 @@ class TelegramBot:
                 await self.api.call("sendMessage", params, retry_flood=True)
             except TelegramApiError as exc:
                 log.warning(
-                    "telegram.notice_undelivered",
+                    "telegram_notice_undelivered",
                     bot=self.settings.name,
                     error_class=exc.error_class.value,
                     error=str(exc),
@@ -134,7 +134,7 @@ async def post_update(request: web.Request) -> web.Response:
         return json_error(404, "not_found", "no such Telegram bot")
     auth_started = time.perf_counter()
     if not _secret_ok(request, bot):
-        log.warning("telegram.bad_secret", bot=bot.settings.name)
+        log.warning("telegram_bad_secret", bot=bot.settings.name)
         return json_error(401, "auth", f"missing or wrong {SECRET_HEADER}")
     auth_ms = (time.perf_counter() - auth_started) * 1000
 
@@ -154,7 +154,7 @@ async def post_update(request: web.Request) -> web.Response:
             identity = await bot.resolve_identity()
         except TelegramApiError as exc:
             # Not acknowledged: Telegram redelivers it once getMe works again.
-            log.warning("telegram.identity_unavailable", bot=bot.settings.name, error=str(exc))
+            log.warning("telegram_identity_unavailable", bot=bot.settings.name, error=str(exc))
             return json_error(503, "unavailable", "cannot look up the bot's username")
 
     parsed = parse_update(update, bot=identity, channel=bot.settings.channel)
@@ -162,26 +162,26 @@ async def post_update(request: web.Request) -> web.Response:
     if isinstance(parsed, Ignored):
         if parsed.known:
             log.info(
-                "telegram.ignored",
+                "telegram_ignored",
                 update_type=parsed.update_type,
                 reason=parsed.reason,
                 **log_fields,
             )
         else:
-            log.warning("telegram.unknown_update", update_type=parsed.update_type, **log_fields)
+            log.warning("telegram_unknown_update", update_type=parsed.update_type, **log_fields)
         return web.Response(status=200)
     if isinstance(parsed, Command):
         if update_id not in bot.recent_commands:
             turns = request.app[TURNS]
             notice = await run_command(parsed, channel=bot.settings.channel, turns=turns)
             bot.remember_command(update_id)
-            log.info("telegram.command", command=parsed.name, **log_fields)
+            log.info("telegram_command", command=parsed.name, **log_fields)
             if notice is not None:
                 bot.send_notice(parsed, notice)
         return web.Response(status=200)
 
     if len(parsed.text) > settings.server.max_text_chars:
-        log.info("telegram.declined", reason="text too long", **log_fields)
+        log.info("telegram_declined", reason="text too long", **log_fields)
         limit = settings.server.max_text_chars
         notice = too_long_notice(len(parsed.text), limit)
         request.app[TURNS].decline(parsed, ErrorClass.BAD_REQUEST, notice)
@@ -194,7 +194,7 @@ async def post_update(request: web.Request) -> web.Response:
     )
     accepted = await request.app[TURNS].accept(message)
     log.info(
-        "telegram.accepted", turn_id=accepted.turn_id, duplicate=accepted.duplicate, **log_fields
+        "telegram_accepted", turn_id=accepted.turn_id, duplicate=accepted.duplicate, **log_fields
     )
     return web.Response(status=200)
 
@@ -210,7 +210,7 @@ def setup(
         bots[bot_settings.name] = TelegramBot(bot_settings, api, channel)
         if bot_settings.secret_token is None:
             log.warning(
-                "telegram.no_secret",
+                "telegram_no_secret",
                 bot=bot_settings.name,
                 hint="run `botctl telegram set-webhook` and set secret_token",
             )

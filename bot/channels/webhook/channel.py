@@ -4,29 +4,12 @@ from __future__ import annotations
 
 import aiohttp
 
-from bot.channels.base import ReplySink, TurnAddress
+from bot.channels.base import ReplySink, SilentReplySink, TurnAddress
 from bot.channels.webhook.callbacks import CallbackClient
 from bot.channels.webhook.settings import WebhookSettings
 from bot.channels.webhook.sink import WebhookReplySink
-from bot.errors import ErrorClass
 
 CHANNEL_PREFIX = "webhook"
-
-
-class _AnsweredInResponse:
-    """The sink of a refused message: it sends nothing."""
-
-    async def start(self) -> None:
-        return None
-
-    async def delta(self, text_so_far: str) -> None:
-        return None
-
-    async def finish(self, text: str) -> None:
-        return None
-
-    async def fail(self, error_class: ErrorClass, user_message: str) -> None:
-        return None
 
 
 class WebhookChannel:
@@ -44,7 +27,7 @@ class WebhookChannel:
         if not address.turn_id:
             # A message refused before it was stored (fair use): the sender got the
             # refusal as the HTTP answer, and there is no turn to call back about.
-            return _AnsweredInResponse()
+            return SilentReplySink()
         return WebhookReplySink(
             self.callbacks,
             address,

@@ -9,8 +9,10 @@ Examples::
     botctl doctor                  # check every layer, stop at the first broken one
     botctl serve                   # serve on 127.0.0.1:8080
 
-Each command group lives in its own module and is mounted below with
-``main.add_command``.
+Each command group lives in its own module of this package (the Telegram
+commands in their channel's folder) and is mounted from one list, ``COMMANDS``;
+what the commands do lives beside them, in ``bot.admin`` and the packages they
+administer.
 
 Shell completion is click's own: ``eval "$(_BOTCTL_COMPLETE=bash_source botctl)"``
 (``zsh_source``, ``fish_source`` for the other shells).
@@ -26,13 +28,13 @@ import click
 
 from bot.channels.telegram.cli import telegram
 from bot.chat_client import chat
-from bot.cli_common import Context, database_password_masked, pass_context
-from bot.cli_conversations import conversations
-from bot.cli_db import db
-from bot.cli_doctor import doctor
-from bot.cli_keys import keys
-from bot.cli_limits import limits
-from bot.cli_model import model
+from bot.cli.common import Context, database_password_masked, pass_context
+from bot.cli.conversations import conversations
+from bot.cli.db import db
+from bot.cli.doctor import doctor
+from bot.cli.keys import keys
+from bot.cli.limits import limits
+from bot.cli.model import model
 from bot.config import DEFAULT_DEMO_MODEL_DIR
 
 DISTRIBUTION = "llm-chat-bot"
@@ -121,14 +123,17 @@ def demo_model(path: Path) -> None:
     click.echo(str(path))
 
 
-main.add_command(db)
-main.add_command(keys)
-main.add_command(model)
-main.add_command(conversations)
-main.add_command(doctor)
-main.add_command(telegram)
-main.add_command(limits)
-main.add_command(chat)
+COMMANDS: tuple[click.Command, ...] = (
+    db,
+    keys,
+    model,
+    conversations,
+    doctor,
+    telegram,
+    limits,
+    chat,
+)
+"""Every command group but the two defined above (``serve``, ``demo-model``)."""
 
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+for command in COMMANDS:
+    main.add_command(command)

@@ -9,8 +9,7 @@ from typing import IO, Any
 
 import click
 
-from bot.cli_common import Context, db_sessionmakers, pass_context
-from bot.conversations_admin import (
+from bot.admin.conversations import (
     Removed,
     Selector,
     delete_conversations,
@@ -19,6 +18,7 @@ from bot.conversations_admin import (
     load_conversation,
     selected_ids,
 )
+from bot.cli.common import Context, db_sessionmakers, pass_context
 
 
 def _selector_options(function: Any) -> Any:

@@ -12,9 +12,9 @@ import json
 
 import click
 
+from bot.admin.keys import KeyInfo, issue_key, list_keys, revoke_key, rotate_key
 from bot.apikeys import SCOPES
-from bot.cli_common import DURATION, Context, db_session, format_time, pass_context
-from bot.keys_admin import KeyInfo, issue_key, list_keys, revoke_key, rotate_key
+from bot.cli.common import DURATION, Context, db_session, format_time, pass_context
 
 
 def _fail_on_lookup(exc: LookupError) -> click.ClickException:

@@ -1,6 +1,6 @@
 """What every ``botctl`` command shares: the loaded settings, a database session, durations.
 
-Command modules (``bot.cli_keys``, ``bot.cli_db``, ...) each define one click
+Command modules (``bot.cli.keys``, ``bot.cli.db``, ...) each define one click
 group and take the settings through ``pass_context``; ``bot.cli`` mounts them.
 """
 

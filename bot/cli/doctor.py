@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from bot.cli_common import Context
+from bot.cli.common import Context
 from bot.doctor import CheckResult, render_json, render_text, run_doctor
 
 SKIPPABLE = ("engine", "platforms")

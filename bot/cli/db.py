@@ -7,7 +7,7 @@ import json
 
 import click
 
-from bot.cli_common import Context, masks_database_password, pass_context
+from bot.cli.common import Context, masks_database_password, pass_context
 
 
 @click.group()

@@ -15,7 +15,7 @@ import click
 from sqlalchemy import or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from bot.cli_common import db_session
+from bot.cli.common import db_session
 from bot.config import Settings, load_settings
 from bot.storage.models import ApiKey, LimitOverride
 from bot.turns.limits import (
