@@ -27,7 +27,7 @@ import pytest
 from sqlalchemy import select
 
 from bot.storage.db import create_engine, create_sessionmaker
-from bot.storage.models import Message, TurnStatus
+from bot.storage.models import Message, Turn, TurnStatus
 from tests.conftest import issue_key, migrate
 from tests.helpers import auth, load_turns
 from tests.vllm_servers import API_KEY, SERVED_MODEL_NAME, VLLMServer, free_port
@@ -175,22 +175,31 @@ async def test_two_workers_answer_every_message_exactly_once_even_when_one_is_ki
         again = await post(http, 1, posts[0][0], posts[0][1])
         assert again == accepted[0]
 
-    # SIGKILL w1 while it is generating a reply.
+    # SIGKILL w1 while it is generating a reply. One connection polls the turns: a turn
+    # takes some 0.4 s, about what opening a connection per look took on a busy machine.
     victim = workers[0]
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        running = [
-            t
-            for t in await load_turns(pg_url)
-            if t.status == TurnStatus.RUNNING and t.lease_owner == "w1"
-        ]
-        if running:
-            break
-        await asyncio.sleep(0.02)
+    watcher = create_engine(pg_url)
+    try:
+        async with create_sessionmaker(watcher)() as session:
+            while time.monotonic() < deadline:
+                running = list(
+                    await session.scalars(
+                        select(Turn.id).where(
+                            Turn.status == TurnStatus.RUNNING, Turn.lease_owner == "w1"
+                        )
+                    )
+                )
+                await session.rollback()  # a fresh snapshot next time
+                if running:
+                    break
+                await asyncio.sleep(0.01)
+    finally:
+        await watcher.dispose()
     assert running, "w1 never ran a turn"
     victim.process.send_signal(signal.SIGKILL)
     victim.process.wait(10)
-    killed_turn = running[0].id
+    killed_turn = running[0]
 
     # w2 takes over once w1's lease runs out, and finishes everything.
     deadline = time.monotonic() + 120
