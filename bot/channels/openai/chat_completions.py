@@ -17,18 +17,17 @@ from bot.channels.openai import wire
 from bot.channels.openai.errors import RequestRefused, bad_request, turn_failure
 from bot.channels.openai.events import Delta, Outcome, follow
 from bot.channels.openai.ingress import (
-    OPENAI_CHANNEL,
     StartedTurn,
     admit,
     check_model,
     check_text,
+    find_thread,
     served_model,
     start_turn,
 )
 from bot.channels.openai.messages import MessagesError, fold
 from bot.channels.openai.requests import ChatCompletionRequest, parse
-from bot.channels.openai.threads import resolve
-from bot.http.keys import CHAT_FORMAT, SESSIONS, SETTINGS, TURN_FOLLOWERS, TURNS
+from bot.http.keys import SETTINGS, TURN_FOLLOWERS, TURNS
 from bot.http.sse import open_event_stream
 
 API_NAME = "chat.completions"
@@ -61,16 +60,7 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
         except MessagesError as exc:
             raise bad_request(str(exc), "messages") from None
         check_text(settings, folded.pending)
-        match_started = time.perf_counter()
-        async with request.app[SESSIONS]() as session, session.begin():
-            thread = await resolve(
-                session,
-                owner=admitted.principal.owner,
-                channel=OPENAI_CHANNEL,
-                exchanges=folded.exchanges,
-                chat_format=request.app[CHAT_FORMAT].get(),
-            )
-        admitted.layer_ms["ingress"] += (time.perf_counter() - match_started) * 1000
+        thread = await find_thread(request, admitted, folded.exchanges)
         started = await start_turn(
             request, admitted, thread=thread, text=folded.pending, api=API_NAME, user_id=body.user
         )

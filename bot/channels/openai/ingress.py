@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,11 +22,13 @@ from sqlalchemy import delete
 from bot.apikeys import Principal, authenticate
 from bot.channels.base import InboundMessage
 from bot.channels.openai.errors import RequestRefused, bad_request, openai_error
-from bot.channels.openai.threads import Continuation, Thread, record
+from bot.channels.openai.messages import Exchange
+from bot.channels.openai.threads import Continuation, Thread, record, resolve
 from bot.config import Settings
 from bot.errors import ErrorClass
 from bot.http.body import BodyError, parse_json_object, read_body
 from bot.http.keys import (
+    CHAT_FORMAT,
     READ_SESSIONS,
     REQUEST_RECEIVED_AT,
     REQUEST_STARTED,
@@ -110,6 +113,26 @@ async def admit(request: web.Request) -> Admitted:
     # Ingress: everything before auth (routing, middleware) plus reading and parsing the body.
     ingress_ms = (auth_started - started) * 1000 + (time.perf_counter() - body_started) * 1000
     return Admitted(principal, document, {"ingress": ingress_ms, "auth": auth_ms})
+
+
+async def find_thread(
+    request: web.Request, admitted: Admitted, exchanges: Sequence[Exchange]
+) -> Thread:
+    """The conversation the request continues (or a new one seeded with its history).
+
+    Counted as ingress: finding it is part of taking the request in.
+    """
+    started = time.perf_counter()
+    async with request.app[SESSIONS]() as session, session.begin():
+        thread = await resolve(
+            session,
+            owner=admitted.principal.owner,
+            channel=OPENAI_CHANNEL,
+            exchanges=exchanges,
+            chat_format=request.app[CHAT_FORMAT].get(),
+        )
+    admitted.layer_ms["ingress"] += (time.perf_counter() - started) * 1000
+    return thread
 
 
 def check_text(settings: Settings, text: str) -> None:

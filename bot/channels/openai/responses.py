@@ -27,13 +27,13 @@ from bot.channels.openai.errors import (
 )
 from bot.channels.openai.events import Delta, Outcome, follow, outcome_of_row
 from bot.channels.openai.ingress import (
-    OPENAI_CHANNEL,
     Admitted,
     StartedTurn,
     admit,
     authenticate_request,
     check_model,
     check_text,
+    find_thread,
     served_model,
     start_turn,
 )
@@ -45,9 +45,8 @@ from bot.channels.openai.threads import (
     find_response,
     hash_after,
     is_latest_turn,
-    resolve,
 )
-from bot.http.keys import CHAT_FORMAT, SESSIONS, SETTINGS, TURN_FOLLOWERS, TURNS
+from bot.http.keys import SESSIONS, SETTINGS, TURN_FOLLOWERS, TURNS
 from bot.http.sse import open_event_stream
 from bot.storage.models import TurnStatus
 from bot.storage.queries import as_utc
@@ -213,27 +212,20 @@ async def create_response(request: web.Request) -> web.StreamResponse:
         body = parse(ResponsesRequest, admitted.document)
         check_model(settings, body.model)
         messages = input_messages(body)
-        match_started = time.perf_counter()
         if body.previous_response_id:
+            match_started = time.perf_counter()
             thread, text = await _previous_thread(
                 request, admitted, body.previous_response_id, messages
             )
+            admitted.layer_ms["ingress"] += (time.perf_counter() - match_started) * 1000
         else:
             try:
                 folded = fold(messages, "input")
             except MessagesError as exc:
                 raise bad_request(str(exc), "input") from None
             text = folded.pending
-            async with request.app[SESSIONS]() as session, session.begin():
-                thread = await resolve(
-                    session,
-                    owner=admitted.principal.owner,
-                    channel=OPENAI_CHANNEL,
-                    exchanges=folded.exchanges,
-                    chat_format=request.app[CHAT_FORMAT].get(),
-                )
+            thread = await find_thread(request, admitted, folded.exchanges)
         check_text(settings, text)
-        admitted.layer_ms["ingress"] += (time.perf_counter() - match_started) * 1000
         started = await start_turn(
             request,
             admitted,
