@@ -95,7 +95,9 @@ async def test_sign_in_chat_stream_timing_reload(
     # Reload: the same conversation comes back, replies and timing bars included.
     await page.reload()
     await expect(turns).to_have_count(2)
-    assert [await turns.nth(i).locator(".reply").inner_text() for i in range(2)] == replies
+    # Each reply is rendered once the page's Markdown module has loaded: wait for it.
+    for index, reply in enumerate(replies):
+        await expect(turns.nth(index).locator(".reply")).to_have_text(reply)
     await expect(turns.nth(1).locator(".timing-bar")).to_be_visible()
 
     # The key never travelled in a URL the server saw.
