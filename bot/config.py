@@ -11,22 +11,19 @@ from __future__ import annotations
 
 import os
 import tomllib
-from collections import Counter
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
     ValidationError,
-    field_validator,
+    create_model,
 )
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from bot.channels.slack.settings import SlackAppSettings
-from bot.channels.telegram.settings import TelegramBotSettings
-from bot.channels.webhook.settings import WebhookSettings
+from bot.channels.registry import CHANNELS
 from bot.engine.settings import DEFAULT_DATA_DIR, DEFAULT_DEMO_MODEL_DIR, EngineSettings
 from bot.turns.settings import (
     CompactionSettings,
@@ -108,7 +105,9 @@ class LoggingSettings(_Section):
     """auto: JSON lines when stdout is not a terminal, coloured console when it is."""
 
 
-class Settings(BaseSettings):
+class CoreSettings(BaseSettings):
+    """Every section but the channels' tables (``Settings`` adds one per channel kind)."""
+
     model_config = SettingsConfigDict(
         env_prefix="BOT_",
         env_nested_delimiter="__",
@@ -125,19 +124,6 @@ class Settings(BaseSettings):
     compaction: CompactionSettings = Field(default_factory=CompactionSettings)
     limits: LimitSettings = Field(default_factory=LimitSettings)
     tenancy: TenancySettings = Field(default_factory=TenancySettings)
-    telegram: list[TelegramBotSettings] = Field(default_factory=list)
-    slack: list[SlackAppSettings] = Field(default_factory=list)
-    webhooks: list[WebhookSettings] = Field(default_factory=list)
-
-    @field_validator("telegram", "slack", "webhooks")
-    @classmethod
-    def _names_unique(cls, tables: list[Any]) -> list[Any]:
-        # Names are URL segments and channel ids: two tables with one name would collide.
-        counts = Counter(table.name for table in tables)
-        repeated = sorted(name for name, count in counts.items() if count > 1)
-        if repeated:
-            raise ValueError(f"names must be unique; repeated: {', '.join(repeated)}")
-        return tables
 
     @classmethod
     def settings_customise_sources(
@@ -150,6 +136,22 @@ class Settings(BaseSettings):
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         # The TOML document arrives as init kwargs; the environment wins over it.
         return (env_settings, init_settings)
+
+
+if TYPE_CHECKING:
+    # Channel code reads its tables through its kind (``ChannelKind.tables``).
+    Settings = CoreSettings
+else:
+    Settings = create_model(
+        "Settings",
+        __base__=CoreSettings,
+        __module__=__name__,
+        **{
+            kind.section: (kind.settings_field(), Field(default_factory=list))
+            for kind in CHANNELS
+            if kind.section is not None
+        },
+    )
 
 
 class ConfigError(Exception):

@@ -9,8 +9,10 @@ from typing import Any
 
 import aiohttp
 
+from bot.channels.kind import ChannelKind, Doctor
+from bot.channels.registry import CHANNELS
 from bot.config import ConfigError, Settings, load_settings
-from bot.doctor import model, platforms, remote, storage
+from bot.doctor import model, remote, storage
 from bot.doctor.report import CONFIG, CheckResult, DoctorFailure
 from bot.engine.base import InferenceEngine
 from bot.errors import ErrorClass
@@ -95,10 +97,8 @@ async def run_doctor(
         loaded["settings"] = settings
         walk.database_url = settings.database.url
         source = str(config_path) if config_path else "defaults and environment"
-        return (
-            f"{source}: engine {settings.engine.kind}, {len(settings.telegram)} telegram, "
-            f"{len(settings.slack)} slack"
-        )
+        counts = ", ".join(f"{len(kind.tables(settings))} {kind.name}" for kind, _ in _checks())
+        return f"{source}: engine {settings.engine.kind}, {counts}"
 
     if not await walk.step("config", config):
         return walk.results
@@ -146,21 +146,20 @@ async def run_doctor(
     async with aiohttp.ClientSession(
         timeout=aiohttp.ClientTimeout(total=PLATFORM_TIMEOUT_S)
     ) as http:
-        for bot in settings.telegram:
+        for kind, doctor in _checks():
+            for table in kind.tables(settings):
 
-            async def telegram(bot: Any = bot) -> str:
-                return await platforms.check_telegram(http, bot, settings.server.public_url)
+                async def platform(doctor: Doctor = doctor, table: Any = table) -> str:
+                    return await doctor.check(http, table, settings.server.public_url)
 
-            if not await walk.step(f"telegram:{bot.name}", telegram):
-                return walk.results
-        for app in settings.slack:
-
-            async def slack(app: Any = app) -> str:
-                return await platforms.check_slack(http, app)
-
-            if not await walk.step(f"slack:{app.name}", slack):
-                return walk.results
+                if not await walk.step(f"{kind.name}:{table.name}", platform):
+                    return walk.results
     return walk.results
+
+
+def _checks() -> list[tuple[ChannelKind[Any], Doctor]]:
+    """The channel kinds whose credentials the doctor checks against their platform."""
+    return [(kind, kind.doctor) for kind in CHANNELS if kind.doctor is not None]
 
 
 async def _remote_engines(walk: _Walk, settings: Settings, chat_format: ChatFormat) -> bool:

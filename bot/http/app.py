@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import structlog
 from aiohttp import web
 
-from bot.channels.registry import CHANNEL_SETUPS
+from bot.channels.registry import CHANNELS
 from bot.config import Settings
 from bot.engine.base import InferenceEngine
 from bot.http import openapi, ops
@@ -47,6 +47,7 @@ from bot.turns.policy import build_policy
 from bot.turns.runner import TurnRunner
 from bot.turns.service import TurnService
 from bot.turns.streams import TurnStreams
+from bot.web import routes as web_page
 
 log = structlog.get_logger(__name__)
 
@@ -200,7 +201,8 @@ async def create_app(
         await db_probe.dispose()
 
     app.cleanup_ctx.append(lifetime)
-    for setup in CHANNEL_SETUPS:
-        setup(app, settings, turns, http)
+    for kind in CHANNELS:
+        kind.routes.setup(app, settings, turns, http)
+    web_page.setup(app)
     openapi.setup(app)
     return app

@@ -11,11 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import aiohttp
 from aiohttp import web
-
-from bot.config import Settings
-from bot.turns.service import TurnService
 
 STATIC_DIR = Path(__file__).parent / "static"
 STATIC_FILES = {
@@ -54,8 +50,6 @@ async def static_file(request: web.Request) -> web.StreamResponse:
     return web.FileResponse(path, headers={"X-Content-Type-Options": "nosniff"})
 
 
-def setup(
-    app: web.Application, settings: Settings, turns: TurnService, http: aiohttp.ClientSession
-) -> None:
+def setup(app: web.Application) -> None:
     app.router.add_get("/", index)
     app.router.add_get("/static/{filename:.+}", static_file)

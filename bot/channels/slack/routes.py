@@ -26,6 +26,7 @@ import structlog
 from aiohttp import web
 
 from bot.channels.base import too_long_notice
+from bot.channels.slack import CHANNEL
 from bot.channels.slack.channel import SlackChannel
 from bot.channels.slack.commands import (
     HELP_TEXT,
@@ -214,9 +215,10 @@ def _ephemeral(text: str) -> web.Response:
 def setup(
     app: web.Application, settings: Settings, turns: TurnService, http: aiohttp.ClientSession
 ) -> None:
-    if not settings.slack:
+    tables = CHANNEL.tables(settings)
+    if not tables:
         return
-    channels = [SlackChannel(app_settings, http) for app_settings in settings.slack]
+    channels = [SlackChannel(app_settings, http) for app_settings in tables]
     for channel in channels:
         turns.register_channel(channel)
     app.router.add_post(EVENTS_PATH, SlackEvents(channels, turns, settings).handle)

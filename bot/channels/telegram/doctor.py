@@ -1,4 +1,4 @@
-"""Doctor checks of the platforms: each bot's credentials, and where its webhook points."""
+"""Doctor check of a Telegram bot: its token, and where its webhook points."""
 
 from __future__ import annotations
 
@@ -6,8 +6,6 @@ from typing import Any
 
 import aiohttp
 
-from bot.channels.slack.api import SlackApi, SlackCallError, make_client
-from bot.channels.slack.settings import SlackAppSettings
 from bot.channels.telegram.api import TelegramApi, TelegramApiError
 from bot.channels.telegram.settings import TelegramBotSettings
 from bot.doctor.report import CONFIG, DoctorFailure
@@ -17,11 +15,6 @@ _TELEGRAM_HINTS = {
     ErrorClass.AUTH: "the token is wrong or revoked: copy it again from @BotFather",
     ErrorClass.NETWORK: "api.telegram.org is unreachable from here: DNS, firewall or proxy",
     ErrorClass.TIMEOUT: "api.telegram.org did not answer in time: firewall or proxy",
-}
-_SLACK_HINTS = {
-    ErrorClass.AUTH: "bot_token is wrong, revoked, or the app was uninstalled from the workspace",
-    ErrorClass.NETWORK: "slack.com is unreachable from here: DNS, firewall or proxy",
-    ErrorClass.TIMEOUT: "slack.com did not answer in time: firewall or proxy",
 }
 
 
@@ -33,7 +26,7 @@ def expected_telegram_webhook(public_url: str | None, bot: TelegramBotSettings) 
     return webhook_url(public_url, bot.name)
 
 
-async def check_telegram(
+async def check(
     http: aiohttp.ClientSession, bot: TelegramBotSettings, public_url: str | None
 ) -> str:
     api = TelegramApi.from_settings(http, bot)
@@ -66,18 +59,3 @@ async def check_telegram(
     if last_error:
         detail += f", Telegram's last delivery error: {last_error}"
     return detail
-
-
-async def check_slack(http: aiohttp.ClientSession, app: SlackAppSettings) -> str:
-    api = SlackApi(make_client(app, http), timeout_s=app.api_timeout_s)
-    try:
-        data = await api.auth_test()
-    except SlackCallError as exc:
-        raise DoctorFailure(
-            exc.error_class.value, str(exc), _SLACK_HINTS.get(exc.error_class)
-        ) from None
-    # Slack offers no API to read an app's Events request URL: that part stays manual.
-    return (
-        f"team {data.get('team_id', '?')}, bot user {data.get('user_id', '?')} "
-        "(Events request URL: check it in the app's settings)"
-    )

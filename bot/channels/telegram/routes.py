@@ -24,6 +24,7 @@ import structlog
 from aiohttp import web
 
 from bot.channels.base import too_long_notice
+from bot.channels.telegram import CHANNEL
 from bot.channels.telegram.api import TelegramApi, TelegramApiError
 from bot.channels.telegram.channel import TelegramChannel
 from bot.channels.telegram.commands import run_command
@@ -203,7 +204,7 @@ def setup(
     app: web.Application, settings: Settings, turns: TurnService, http: aiohttp.ClientSession
 ) -> None:
     bots: dict[str, TelegramBot] = {}
-    for bot_settings in settings.telegram:
+    for bot_settings in CHANNEL.tables(settings):
         api = TelegramApi.from_settings(http, bot_settings)
         channel = TelegramChannel(bot_settings, api)
         turns.register_channel(channel)

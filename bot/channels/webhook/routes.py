@@ -22,6 +22,7 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from bot.channels.base import InboundMessage
+from bot.channels.webhook import CHANNEL
 from bot.channels.webhook.channel import WebhookChannel
 from bot.channels.webhook.signing import SIGNATURE_HEADER, TIMESTAMP_HEADER, verify_any
 from bot.config import Settings
@@ -144,9 +145,10 @@ class WebhookEvents:
 def setup(
     app: web.Application, settings: Settings, turns: TurnService, http: aiohttp.ClientSession
 ) -> None:
-    if not settings.webhooks:
+    tables = CHANNEL.tables(settings)
+    if not tables:
         return
-    channels = [WebhookChannel(webhook, http) for webhook in settings.webhooks]
+    channels = [WebhookChannel(webhook, http) for webhook in tables]
     for channel in channels:
         turns.register_channel(channel)
     app.router.add_post("/webhooks/{name}", WebhookEvents(channels, turns, settings).handle)

@@ -1,0 +1,89 @@
+"""What a kind of channel brings to the service: its settings, its routes, its doctor check.
+
+Every channel folder has the same files for the same jobs: ``settings.py`` (the
+type of one ``[[section]]`` table, when the channel is configured per instance),
+``routes.py`` (``setup``: its HTTP routes, and one turn ``Channel`` per table
+registered with the turn service) and, for a platform whose credentials can be
+checked from here, ``doctor.py`` (``check``). The folder's ``__init__`` names
+them in a ``ChannelKind``; ``bot.channels.registry`` lists the kinds.
+
+Routes and doctor checks are imported only when used: the settings read the
+kinds' table types, and the routes use the settings, so importing them eagerly
+would be a cycle.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections import Counter
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Annotated, Any, Generic, Protocol, TypeVar, cast
+
+from pydantic import AfterValidator
+
+if TYPE_CHECKING:
+    import aiohttp
+    from aiohttp import web
+
+    from bot.config import Settings
+    from bot.turns.service import TurnService
+
+
+Table = TypeVar("Table")
+
+
+class Routes(Protocol):
+    def setup(
+        self,
+        app: web.Application,
+        settings: Settings,
+        turns: TurnService,
+        http: aiohttp.ClientSession,
+    ) -> None: ...
+
+
+class Doctor(Protocol):
+    async def check(self, http: aiohttp.ClientSession, table: Any, public_url: str | None) -> str:
+        """One line on what the platform says of this table's credentials and webhook;
+        raises ``bot.doctor.report.DoctorFailure`` when something is wrong."""
+        ...
+
+
+def _names_unique(tables: list[Any]) -> list[Any]:
+    # Names are URL segments and channel ids: two tables with one name would collide.
+    counts = Counter(table.name for table in tables)
+    repeated = sorted(name for name, count in counts.items() if count > 1)
+    if repeated:
+        raise ValueError(f"names must be unique; repeated: {', '.join(repeated)}")
+    return tables
+
+
+@dataclass(frozen=True)
+class ChannelKind(Generic[Table]):
+    name: str
+    """The prefix of its turn channels' names (``telegram`` of ``telegram:support``)."""
+    package: str
+    """The channel's folder, as a module name (``__name__`` of its ``__init__``)."""
+    section: str | None = None
+    """The settings key of its ``[[tables]]``, one per configured instance."""
+    table: type[Table] | None = None
+    has_doctor: bool = False
+
+    def settings_field(self) -> Any:
+        """The field type of ``section`` in ``bot.config.Settings``."""
+        return Annotated[list[self.table], AfterValidator(_names_unique)]  # type: ignore[name-defined]
+
+    def tables(self, settings: Settings) -> list[Table]:
+        if self.section is None:
+            return []
+        return cast(list[Table], getattr(settings, self.section))
+
+    @property
+    def routes(self) -> Routes:
+        return cast(Routes, importlib.import_module(f"{self.package}.routes"))
+
+    @property
+    def doctor(self) -> Doctor | None:
+        if not self.has_doctor:
+            return None
+        return cast(Doctor, importlib.import_module(f"{self.package}.doctor"))
