@@ -20,16 +20,7 @@ __all__ = [
     "SilentReplySink",
     "TurnAddress",
     "UsageAwareSink",
-    "too_long_notice",
 ]
-
-
-def too_long_notice(length: int, limit: int) -> str:
-    """What a chat user is told when their message is over ``server.max_text_chars``."""
-    return (
-        f"Sorry, your message is too long for me ({length:,} characters; "
-        f"the limit is {limit:,}). Please shorten it."
-    )
 
 
 class SilentReplySink:

@@ -7,7 +7,6 @@ with ``error`` and ``reason``; nothing is stored for a refused request.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import aiohttp
@@ -19,14 +18,13 @@ from bot.apikeys import Principal
 from bot.channels.api.auth import authenticate_chat
 from bot.channels.api.channel import ApiChannel
 from bot.channels.base import InboundMessage
+from bot.channels.ingress import IngressClock, problems, rate_limited, too_long
 from bot.config import Settings
 from bot.errors import USER_MESSAGES, ErrorClass
 from bot.http.body import BodyError, parse_json_object, read_body
 from bot.http.errors import json_error
 from bot.http.keys import (
     READ_SESSIONS,
-    REQUEST_RECEIVED_AT,
-    REQUEST_STARTED,
     SETTINGS,
     STREAM_READERS,
     TURN_FOLLOWERS,
@@ -60,34 +58,20 @@ def _wants_event_stream(request: web.Request) -> bool:
 
 async def post_message(request: web.Request) -> web.StreamResponse:
     settings = request.app[SETTINGS]
-    started = request.get(REQUEST_STARTED, time.perf_counter())
-    auth_started = time.perf_counter()
-    principal = await authenticate_chat(request)
+    clock = IngressClock(request)
+    with clock.auth():
+        principal = await authenticate_chat(request)
     if isinstance(principal, web.Response):
         return principal
-    auth_ms = (time.perf_counter() - auth_started) * 1000
-
-    ingress_started = time.perf_counter()
     try:
         document = parse_json_object(await read_body(request, settings.server.max_body_bytes))
         message = MessageIn.model_validate(document)
     except BodyError as exc:
         return exc.response
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in item['loc']) or 'body'}: {item['msg']}"
-            for item in exc.errors()
-        )
-        return json_error(400, "bad_request", problems)
-    if len(message.text) > settings.server.max_text_chars:
-        return json_error(
-            400,
-            "bad_request",
-            f"text has {len(message.text)} characters; "
-            f"the limit is {settings.server.max_text_chars}",
-        )
-    # Ingress: everything before auth (routing, middleware) plus reading and parsing the body.
-    ingress_ms = (auth_started - started) * 1000 + (time.perf_counter() - ingress_started) * 1000
+        return json_error(400, "bad_request", problems(exc))
+    if (reason := too_long(message.text, settings.server.max_text_chars)) is not None:
+        return json_error(400, "bad_request", reason)
 
     # A streamed answer needs a stream slot: over the key's cap, nothing is stored.
     slot = _reserve_stream(request, principal) if _wants_event_stream(request) else None
@@ -103,8 +87,8 @@ async def post_message(request: web.Request) -> web.StreamResponse:
                 conversation_key=message.conversation_id,
                 text=message.text,
                 user_id=message.user_id,
-                layer_ms={"ingress": ingress_ms, "auth": auth_ms},
-                received_at=request.get(REQUEST_RECEIVED_AT, time.time()),
+                layer_ms=clock.layer_ms(),
+                received_at=clock.received_at,
                 api_key_id=principal.key_id,
             )
         )
@@ -115,16 +99,7 @@ async def post_message(request: web.Request) -> web.StreamResponse:
     if accepted.rate_limited is not None:
         if slot is not None:
             slot.release()
-        refusal = accepted.rate_limited
-        response = json_error(
-            429,
-            "rate_limited",
-            refusal.user_message,
-            limit=refusal.limit,
-            retry_after_s=refusal.retry_after_s,
-        )
-        response.headers["Retry-After"] = str(refusal.retry_after_s)
-        return response
+        return rate_limited(accepted.rate_limited)
     if slot is not None:
         return await _stream_turn(request, accepted.turn_id, 0, slot)
     return web.json_response(

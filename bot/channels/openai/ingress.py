@@ -8,7 +8,6 @@ the shape of a refusal differs: an OpenAI error object.
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ from sqlalchemy import delete
 
 from bot.apikeys import Principal, authenticate
 from bot.channels.base import InboundMessage
+from bot.channels.ingress import IngressClock
 from bot.channels.openai.errors import RequestRefused, bad_request, openai_error
 from bot.channels.openai.messages import Exchange
 from bot.channels.openai.threads import Continuation, Thread, record, resolve
@@ -30,8 +30,6 @@ from bot.http.body import BodyError, parse_json_object, read_body
 from bot.http.keys import (
     CHAT_FORMAT,
     READ_SESSIONS,
-    REQUEST_RECEIVED_AT,
-    REQUEST_STARTED,
     SESSIONS,
     SETTINGS,
     TURNS,
@@ -90,19 +88,16 @@ class Admitted:
 
     principal: Principal
     document: dict[str, Any]
-    layer_ms: dict[str, float]
-    """``ingress`` and ``auth``; the endpoint adds the time it takes to find the
-    conversation to ``ingress`` (everything before the turn is stored, but the key)."""
+    clock: IngressClock
+    """Finding the conversation counts as ingress: it is part of taking the request in."""
 
 
 async def admit(request: web.Request) -> Admitted:
     """Authenticate and read the body; raises ``RequestRefused`` with the OpenAI answer."""
     settings = request.app[SETTINGS]
-    started = request.get(REQUEST_STARTED, time.perf_counter())
-    auth_started = time.perf_counter()
-    principal = await authenticate_request(request)
-    auth_ms = (time.perf_counter() - auth_started) * 1000
-    body_started = time.perf_counter()
+    clock = IngressClock(request)
+    with clock.auth():
+        principal = await authenticate_request(request)
     try:
         document = parse_json_object(await read_body(request, settings.server.max_body_bytes))
     except BodyError as exc:
@@ -110,19 +105,13 @@ async def admit(request: web.Request) -> Admitted:
         reason = exc.response.text or "unusable body"
         code = "too_large" if status == 413 else ErrorClass.BAD_REQUEST.value
         raise RequestRefused(openai_error(status, reason, code)) from None
-    # Ingress: everything before auth (routing, middleware) plus reading and parsing the body.
-    ingress_ms = (auth_started - started) * 1000 + (time.perf_counter() - body_started) * 1000
-    return Admitted(principal, document, {"ingress": ingress_ms, "auth": auth_ms})
+    return Admitted(principal, document, clock)
 
 
 async def find_thread(
     request: web.Request, admitted: Admitted, exchanges: Sequence[Exchange]
 ) -> Thread:
-    """The conversation the request continues (or a new one seeded with its history).
-
-    Counted as ingress: finding it is part of taking the request in.
-    """
-    started = time.perf_counter()
+    """The conversation the request continues (or a new one seeded with its history)."""
     async with request.app[SESSIONS]() as session, session.begin():
         thread = await resolve(
             session,
@@ -131,7 +120,6 @@ async def find_thread(
             exchanges=exchanges,
             chat_format=request.app[CHAT_FORMAT].get(),
         )
-    admitted.layer_ms["ingress"] += (time.perf_counter() - started) * 1000
     return thread
 
 
@@ -171,8 +159,8 @@ async def start_turn(
             conversation_key=thread.conversation_key,
             text=text,
             user_id=user_id,
-            layer_ms=dict(admitted.layer_ms),
-            received_at=request.get(REQUEST_RECEIVED_AT, time.time()),
+            layer_ms=admitted.clock.layer_ms(),
+            received_at=admitted.clock.received_at,
             api_key_id=principal.key_id,
         )
     )

@@ -213,11 +213,9 @@ async def create_response(request: web.Request) -> web.StreamResponse:
         check_model(settings, body.model)
         messages = input_messages(body)
         if body.previous_response_id:
-            match_started = time.perf_counter()
             thread, text = await _previous_thread(
                 request, admitted, body.previous_response_id, messages
             )
-            admitted.layer_ms["ingress"] += (time.perf_counter() - match_started) * 1000
         else:
             try:
                 folded = fold(messages, "input")

@@ -18,14 +18,13 @@ A 5xx (e.g. the database is down) makes Slack retry later, which is what we want
 
 from __future__ import annotations
 
-import time
 from urllib.parse import parse_qs
 
 import aiohttp
 import structlog
 from aiohttp import web
 
-from bot.channels.base import too_long_notice
+from bot.channels.ingress import IngressClock, declined_too_long, too_long
 from bot.channels.slack import CHANNEL
 from bot.channels.slack.channel import SlackChannel
 from bot.channels.slack.commands import (
@@ -44,10 +43,8 @@ from bot.channels.slack.events import (
 )
 from bot.channels.slack.signing import SignedBody, pick_app, read_signed_body
 from bot.config import Settings
-from bot.errors import ErrorClass
 from bot.http.body import BodyError, load_json, read_body
 from bot.http.errors import json_error
-from bot.http.keys import REQUEST_RECEIVED_AT, REQUEST_STARTED
 from bot.turns.service import TurnService
 
 log = structlog.get_logger(__name__)
@@ -69,13 +66,13 @@ class SlackEvents:
         self._max_text = settings.server.max_text_chars
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
-        started = request.get(REQUEST_STARTED, time.perf_counter())
+        clock = IngressClock(request)
         retry_num = request.headers.get("X-Slack-Retry-Num")
         retry_reason = request.headers.get("X-Slack-Retry-Reason")
         signed = await read_signed_body(request, self._channels, self._max_body)
         if not isinstance(signed, SignedBody):
             return signed
-
+        clock.add_auth(signed.auth_ms)
         try:
             document = load_json(signed.raw)
             parsed = parse_body(document)
@@ -100,31 +97,27 @@ class SlackEvents:
                 retry_num=retry_num,
             )
             return web.Response(status=200)
-        if len(parsed.text) > self._max_text:
+        unnamed = to_inbound(parsed, channel=channel.name, user_name=None)
+        if declined_too_long(self._turns, unnamed, self._max_text):
             log.warning(
                 "slack_event_ignored",
                 app=channel.settings.name,
                 kind="too_long",
-                reason=f"{len(parsed.text)} characters; the limit is {self._max_text}",
+                reason=too_long(parsed.text, self._max_text),
                 event_id=parsed.event_id,
             )
-            message = to_inbound(parsed, channel=channel.name, user_name=None)
-            notice = too_long_notice(len(parsed.text), self._max_text)
-            self._turns.decline(message, ErrorClass.BAD_REQUEST, notice)
             return web.Response(status=200)
 
         user_name = None
         if not parsed.is_dm:
             user_name = await channel.users.name(parsed.team_id, parsed.user_id)
-        # Everything before the answer that was not the signature check.
-        ingress_ms = (time.perf_counter() - started) * 1000 - signed.auth_ms
         accepted = await self._turns.accept(
             to_inbound(
                 parsed,
                 channel=channel.name,
                 user_name=user_name,
-                layer_ms={"ingress": ingress_ms, "auth": signed.auth_ms},
-                received_at=request.get(REQUEST_RECEIVED_AT),
+                layer_ms=clock.layer_ms(),
+                received_at=clock.received_at,
             )
         )
         log.info(
@@ -135,7 +128,7 @@ class SlackEvents:
             duplicate=accepted.duplicate,
             retry_num=retry_num,
             retry_reason=retry_reason,
-            ack_ms=round((time.perf_counter() - started) * 1000, 3),
+            ack_ms=round(clock.elapsed_ms(), 3),
         )
         return web.Response(status=200)
 

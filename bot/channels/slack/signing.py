@@ -8,7 +8,6 @@ in it is parsed.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import structlog
@@ -17,6 +16,7 @@ from aiohttp import web
 from bot.channels.slack.channel import SlackChannel
 from bot.http.body import BodyError, read_body
 from bot.http.errors import json_error
+from bot.turns.timing import LayerClock
 
 log = structlog.get_logger(__name__)
 
@@ -38,9 +38,9 @@ async def read_signed_body(
         raw = await read_body(request, max_body)
     except BodyError as exc:
         return exc.response
-    auth_started = time.perf_counter()
-    signed_by = _signed_by(channels, raw, request)
-    auth_ms = (time.perf_counter() - auth_started) * 1000
+    clock = LayerClock()
+    with clock.measure("auth"):
+        signed_by = _signed_by(channels, raw, request)
     if not signed_by:
         log.warning(
             "slack_signature_rejected",
@@ -48,7 +48,7 @@ async def read_signed_body(
             retry_num=request.headers.get("X-Slack-Retry-Num"),
         )
         return json_error(401, "auth", "missing, invalid or expired Slack signature")
-    return SignedBody(raw, signed_by, auth_ms)
+    return SignedBody(raw, signed_by, clock.layer_ms["auth"])
 
 
 def _signed_by(

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hmac
-import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -23,7 +22,7 @@ import aiohttp
 import structlog
 from aiohttp import web
 
-from bot.channels.base import too_long_notice
+from bot.channels.ingress import IngressClock, declined_too_long
 from bot.channels.telegram import CHANNEL
 from bot.channels.telegram.api import TelegramApi, TelegramApiError
 from bot.channels.telegram.channel import TelegramChannel
@@ -31,10 +30,9 @@ from bot.channels.telegram.commands import run_command
 from bot.channels.telegram.settings import TelegramBotSettings
 from bot.channels.telegram.updates import BotIdentity, Command, Ignored, parse_update
 from bot.config import Settings
-from bot.errors import ErrorClass
 from bot.http.body import BodyError, parse_json_object, read_body
 from bot.http.errors import json_error
-from bot.http.keys import REQUEST_RECEIVED_AT, REQUEST_STARTED, SETTINGS, TURNS
+from bot.http.keys import SETTINGS, TURNS
 from bot.turns.service import TurnService
 
 log = structlog.get_logger(__name__)
@@ -128,16 +126,15 @@ def _peek_chat_type(update: dict[str, Any]) -> str | None:
 
 
 async def post_update(request: web.Request) -> web.Response:
-    started = request.get(REQUEST_STARTED, time.perf_counter())
-    received_at = request.get(REQUEST_RECEIVED_AT, time.time())
+    clock = IngressClock(request)
     bot = request.app[TELEGRAM_BOTS].get(request.match_info["bot_name"])
     if bot is None:
         return json_error(404, "not_found", "no such Telegram bot")
-    auth_started = time.perf_counter()
-    if not _secret_ok(request, bot):
+    with clock.auth():
+        secret_ok = _secret_ok(request, bot)
+    if not secret_ok:
         log.warning("telegram_bad_secret", bot=bot.settings.name)
         return json_error(401, "auth", f"missing or wrong {SECRET_HEADER}")
-    auth_ms = (time.perf_counter() - auth_started) * 1000
 
     settings = request.app[SETTINGS]
     try:
@@ -181,18 +178,10 @@ async def post_update(request: web.Request) -> web.Response:
                 bot.send_notice(parsed, notice)
         return web.Response(status=200)
 
-    if len(parsed.text) > settings.server.max_text_chars:
+    if declined_too_long(request.app[TURNS], parsed, settings.server.max_text_chars):
         log.info("telegram_declined", reason="text too long", **log_fields)
-        limit = settings.server.max_text_chars
-        notice = too_long_notice(len(parsed.text), limit)
-        request.app[TURNS].decline(parsed, ErrorClass.BAD_REQUEST, notice)
         return web.Response(status=200)
-    ingress_ms = (time.perf_counter() - started) * 1000 - auth_ms
-    message = dataclasses.replace(
-        parsed,
-        layer_ms={"ingress": max(0.0, ingress_ms), "auth": auth_ms},
-        received_at=received_at,
-    )
+    message = dataclasses.replace(parsed, layer_ms=clock.layer_ms(), received_at=clock.received_at)
     accepted = await request.app[TURNS].accept(message)
     log.info(
         "telegram_accepted", turn_id=accepted.turn_id, duplicate=accepted.duplicate, **log_fields

@@ -14,21 +14,19 @@
 
 from __future__ import annotations
 
-import time
-
 import aiohttp
 import structlog
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from bot.channels.base import InboundMessage
+from bot.channels.ingress import IngressClock, problems, rate_limited, too_long
 from bot.channels.webhook import CHANNEL
 from bot.channels.webhook.channel import WebhookChannel
 from bot.channels.webhook.signing import SIGNATURE_HEADER, TIMESTAMP_HEADER, verify_any
 from bot.config import Settings
 from bot.http.body import BodyError, load_json, read_body
 from bot.http.errors import json_error
-from bot.http.keys import REQUEST_RECEIVED_AT, REQUEST_STARTED
 from bot.turns.service import TurnService
 
 log = structlog.get_logger(__name__)
@@ -47,12 +45,6 @@ class WebhookMessage(BaseModel):
     """When set, the model sees ``"{user_name}: {text}"`` (for group conversations)."""
 
 
-def _problems(exc: ValidationError) -> str:
-    return "; ".join(
-        f"{'.'.join(str(p) for p in item['loc']) or 'body'}: {item['msg']}" for item in exc.errors()
-    )
-
-
 class WebhookEvents:
     def __init__(
         self, channels: list[WebhookChannel], turns: TurnService, settings: Settings
@@ -63,7 +55,7 @@ class WebhookEvents:
         self._max_text = settings.server.max_text_chars
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
-        started = request.get(REQUEST_STARTED, time.perf_counter())
+        clock = IngressClock(request)
         name = request.match_info["name"]
         channel = self._channels.get(name)
         if channel is None:
@@ -72,35 +64,24 @@ class WebhookEvents:
             body = await read_body(request, self._max_body)
         except BodyError as exc:
             return exc.response
-
-        auth_started = time.perf_counter()
-        refused = verify_any(
-            channel.accepted_secrets,
-            request.headers.get(TIMESTAMP_HEADER),
-            request.headers.get(SIGNATURE_HEADER),
-            body,
-        )
-        auth_ms = (time.perf_counter() - auth_started) * 1000
+        with clock.auth():
+            refused = verify_any(
+                channel.accepted_secrets,
+                request.headers.get(TIMESTAMP_HEADER),
+                request.headers.get(SIGNATURE_HEADER),
+                body,
+            )
         if refused is not None:
             log.warning("webhook_signature_rejected", webhook=name, reason=refused)
             return json_error(401, "auth", f"{refused}; see docs/webhook.md")
-
-        ingress_started = time.perf_counter()
         try:
             message = WebhookMessage.model_validate(load_json(body))
         except BodyError as exc:
             return exc.response
         except ValidationError as exc:
-            return json_error(400, "bad_request", _problems(exc))
-        if len(message.text) > self._max_text:
-            return json_error(
-                400,
-                "bad_request",
-                f"text has {len(message.text)} characters; the limit is {self._max_text}",
-            )
-        ingress_ms = (auth_started - started) * 1000 + (
-            time.perf_counter() - ingress_started
-        ) * 1000
+            return json_error(400, "bad_request", problems(exc))
+        if (reason := too_long(message.text, self._max_text)) is not None:
+            return json_error(400, "bad_request", reason)
 
         accepted = await self._turns.accept(
             InboundMessage(
@@ -115,21 +96,12 @@ class WebhookEvents:
                     "conversation_id": message.conversation_id,
                     "message_id": message.message_id,
                 },
-                layer_ms={"ingress": ingress_ms, "auth": auth_ms},
-                received_at=request.get(REQUEST_RECEIVED_AT, time.time()),
+                layer_ms=clock.layer_ms(),
+                received_at=clock.received_at,
             )
         )
         if accepted.rate_limited is not None:
-            refusal = accepted.rate_limited
-            response = json_error(
-                429,
-                "rate_limited",
-                refusal.user_message,
-                limit=refusal.limit,
-                retry_after_s=refusal.retry_after_s,
-            )
-            response.headers["Retry-After"] = str(refusal.retry_after_s)
-            return response
+            return rate_limited(accepted.rate_limited)
         log.info(
             "webhook_message",
             webhook=name,

@@ -1,0 +1,97 @@
+"""What every channel's handler does alike when a message comes in.
+
+A handler verifies the sender, parses the platform's payload, hands the message
+to the turn service and answers; the pieces here are the parts of that which
+do not depend on the platform: the ``ingress`` and ``auth`` timing of the turn
+log line, the length check, the wording of a malformed body, and the 429 of a
+message over a fair-use limit.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from aiohttp import web
+from pydantic import ValidationError
+
+from bot.errors import ErrorClass
+from bot.http.errors import json_error
+from bot.http.keys import REQUEST_RECEIVED_AT, REQUEST_STARTED
+from bot.turns.inbound import InboundMessage
+from bot.turns.limits import Refusal
+from bot.turns.service import TurnService
+from bot.turns.timing import LayerClock
+
+
+class IngressClock:
+    """The first two layers of a turn: ``auth`` is the time spent checking who sent the
+    message; ``ingress`` is all the rest before the message is handed over (routing,
+    middleware, reading and parsing the body, finding the conversation)."""
+
+    def __init__(self, request: web.Request) -> None:
+        self._started: float = request.get(REQUEST_STARTED, time.perf_counter())
+        self.received_at: float = request.get(REQUEST_RECEIVED_AT, time.time())
+        self._clock = LayerClock()
+
+    @contextmanager
+    def auth(self) -> Iterator[None]:
+        with self._clock.measure("auth"):
+            yield
+
+    def add_auth(self, ms: float) -> None:
+        self._clock.add("auth", ms)
+
+    def elapsed_ms(self) -> float:
+        return (time.perf_counter() - self._started) * 1000
+
+    def layer_ms(self) -> dict[str, float]:
+        auth_ms = self._clock.layer_ms["auth"]
+        return {"ingress": max(0.0, self.elapsed_ms() - auth_ms), "auth": auth_ms}
+
+
+def too_long(text: str, limit: int) -> str | None:
+    """Why a message over ``server.max_text_chars`` is refused, or None."""
+    if len(text) <= limit:
+        return None
+    return f"text has {len(text)} characters; the limit is {limit}"
+
+
+def too_long_notice(length: int, limit: int) -> str:
+    """What a chat user is told when their message is over ``server.max_text_chars``."""
+    return (
+        f"Sorry, your message is too long for me ({length:,} characters; "
+        f"the limit is {limit:,}). Please shorten it."
+    )
+
+
+def declined_too_long(turns: TurnService, message: InboundMessage, limit: int) -> bool:
+    """A chat message over the limit is never stored; its sender hears why, in the chat.
+
+    True when ``message`` was declined so."""
+    if len(message.text) <= limit:
+        return False
+    turns.decline(message, ErrorClass.BAD_REQUEST, too_long_notice(len(message.text), limit))
+    return True
+
+
+def problems(exc: ValidationError) -> str:
+    """A pydantic error as one line a client can act on: ``field: what is wrong; ...``."""
+    return "; ".join(
+        f"{'.'.join(str(part) for part in item['loc']) or 'body'}: {item['msg']}"
+        for item in exc.errors()
+    )
+
+
+def rate_limited(refusal: Refusal) -> web.Response:
+    """The answer to a message over a fair-use limit (nothing was stored)."""
+    response = json_error(
+        429,
+        "rate_limited",
+        refusal.user_message,
+        limit=refusal.limit,
+        retry_after_s=refusal.retry_after_s,
+    )
+    response.headers["Retry-After"] = str(refusal.retry_after_s)
+    return response
