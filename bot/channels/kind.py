@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, Generic, Protocol, TypeVar, cast
 
@@ -26,10 +27,12 @@ if TYPE_CHECKING:
     from aiohttp import web
 
     from bot.config import Settings
+    from bot.turns.replies import Channel
     from bot.turns.service import TurnService
 
 
 Table = TypeVar("Table")
+Opened = TypeVar("Opened", bound="Channel")
 
 
 class Routes(Protocol):
@@ -77,6 +80,15 @@ class ChannelKind(Generic[Table]):
         if self.section is None:
             return []
         return cast(list[Table], getattr(settings, self.section))
+
+    def register(
+        self, settings: Settings, turns: TurnService, open_channel: Callable[[Table], Opened]
+    ) -> list[Opened]:
+        """One turn channel per configured table, each registered with the turn service."""
+        channels = [open_channel(table) for table in self.tables(settings)]
+        for channel in channels:
+            turns.register_channel(channel)
+        return channels
 
     @property
     def routes(self) -> Routes:

@@ -14,19 +14,17 @@ from typing import Any
 from aiohttp import web
 
 from bot.channels.openai import wire
-from bot.channels.openai.errors import RequestRefused, bad_request, turn_failure
+from bot.channels.openai.errors import RequestRefused, turn_failure
 from bot.channels.openai.events import Delta, Outcome, follow
 from bot.channels.openai.ingress import (
     StartedTurn,
     admit,
-    check_model,
     check_text,
     find_thread,
     served_model,
     start_turn,
 )
-from bot.channels.openai.messages import MessagesError, fold
-from bot.channels.openai.requests import ChatCompletionRequest, parse
+from bot.channels.openai.requests import ChatCompletionRequest, fold_messages
 from bot.http.keys import SETTINGS, TURN_FOLLOWERS, TURNS
 from bot.http.sse import open_event_stream
 
@@ -52,13 +50,8 @@ def usage(outcome: Outcome) -> dict[str, Any]:
 async def create_chat_completion(request: web.Request) -> web.StreamResponse:
     settings = request.app[SETTINGS]
     try:
-        admitted = await admit(request)
-        body = parse(ChatCompletionRequest, admitted.document)
-        check_model(settings, body.model)
-        try:
-            folded = fold(body.messages)
-        except MessagesError as exc:
-            raise bad_request(str(exc), "messages") from None
+        admitted, body = await admit(request, ChatCompletionRequest)
+        folded = fold_messages(body.messages, "messages")
         check_text(settings, folded.pending)
         thread = await find_thread(request, admitted, folded.exchanges)
         started = await start_turn(

@@ -23,6 +23,7 @@ from bot.channels.base import InboundMessage
 from bot.channels.ingress import IngressClock
 from bot.channels.openai.errors import RequestRefused, bad_request, openai_error
 from bot.channels.openai.messages import Exchange
+from bot.channels.openai.requests import Request, parse
 from bot.channels.openai.threads import Continuation, Thread, record, resolve
 from bot.config import Settings
 from bot.errors import ErrorClass
@@ -87,13 +88,13 @@ class Admitted:
     """An authenticated request with its JSON body, and the time those took."""
 
     principal: Principal
-    document: dict[str, Any]
     clock: IngressClock
     """Finding the conversation counts as ingress: it is part of taking the request in."""
 
 
-async def admit(request: web.Request) -> Admitted:
-    """Authenticate and read the body; raises ``RequestRefused`` with the OpenAI answer."""
+async def admit(request: web.Request, request_type: type[Request]) -> tuple[Admitted, Request]:
+    """Authenticate, read the body as ``request_type`` and check the model it names;
+    raises ``RequestRefused`` with the OpenAI answer."""
     settings = request.app[SETTINGS]
     clock = IngressClock(request)
     with clock.auth():
@@ -105,7 +106,9 @@ async def admit(request: web.Request) -> Admitted:
         reason = exc.response.text or "unusable body"
         code = "too_large" if status == 413 else ErrorClass.BAD_REQUEST.value
         raise RequestRefused(openai_error(status, reason, code)) from None
-    return Admitted(principal, document, clock)
+    body = parse(request_type, document)
+    check_model(settings, body.model)
+    return Admitted(principal, clock), body
 
 
 async def find_thread(

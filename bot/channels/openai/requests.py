@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from bot.channels.openai.errors import bad_request
+from bot.channels.openai.messages import Folded, MessagesError, fold
 
 USER_MAX = 200
 
@@ -99,3 +100,11 @@ def parse(model: type[Request], document: dict[str, Any]) -> Request:
         raise bad_request(f"{where}: {first['msg']}", where) from None
     parsed.refuse_unsupported()
     return parsed
+
+
+def fold_messages(messages: list[dict[str, Any]], where: str) -> Folded:
+    """``messages.fold``; a list it cannot fold is a 400 naming ``where``."""
+    try:
+        return fold(messages, where)
+    except MessagesError as exc:
+        raise bad_request(str(exc), where) from None

@@ -31,14 +31,13 @@ from bot.channels.openai.ingress import (
     StartedTurn,
     admit,
     authenticate_request,
-    check_model,
     check_text,
     find_thread,
     served_model,
     start_turn,
 )
-from bot.channels.openai.messages import MessagesError, fold
-from bot.channels.openai.requests import ResponsesRequest, parse
+from bot.channels.openai.messages import Folded
+from bot.channels.openai.requests import ResponsesRequest, fold_messages
 from bot.channels.openai.threads import (
     Continuation,
     Thread,
@@ -166,13 +165,9 @@ def final_status(outcome: Outcome) -> str:
 
 
 async def _previous_thread(
-    request: web.Request, admitted: Admitted, previous: str, messages: list[dict[str, Any]]
+    request: web.Request, admitted: Admitted, previous: str, folded: Folded
 ) -> tuple[Thread, str]:
     """The thread that extends ``previous``, and the new turn's text."""
-    try:
-        folded = fold(messages, "input")
-    except MessagesError as exc:
-        raise bad_request(str(exc), "input") from None
     if folded.exchanges:
         raise bad_request(
             "With previous_response_id, input holds only the new turn's messages.", "input"
@@ -208,19 +203,13 @@ async def _previous_thread(
 async def create_response(request: web.Request) -> web.StreamResponse:
     settings = request.app[SETTINGS]
     try:
-        admitted = await admit(request)
-        body = parse(ResponsesRequest, admitted.document)
-        check_model(settings, body.model)
-        messages = input_messages(body)
+        admitted, body = await admit(request, ResponsesRequest)
+        folded = fold_messages(input_messages(body), "input")
         if body.previous_response_id:
             thread, text = await _previous_thread(
-                request, admitted, body.previous_response_id, messages
+                request, admitted, body.previous_response_id, folded
             )
         else:
-            try:
-                folded = fold(messages, "input")
-            except MessagesError as exc:
-                raise bad_request(str(exc), "input") from None
             text = folded.pending
             thread = await find_thread(request, admitted, folded.exchanges)
         check_text(settings, text)

@@ -24,21 +24,26 @@ def _model_document(model: str) -> dict[str, object]:
     return {"id": model, "object": "model", "created": int(time.time()), "owned_by": MODEL_OWNER}
 
 
-async def list_models(request: web.Request) -> web.Response:
+async def _served_model(request: web.Request) -> str | web.Response:
+    """The model this service serves, for an authenticated client; else the refusal."""
     try:
         await authenticate_request(request)
     except RequestRefused as exc:
         return exc.response
-    model = served_model(request.app[SETTINGS])
+    return served_model(request.app[SETTINGS])
+
+
+async def list_models(request: web.Request) -> web.Response:
+    model = await _served_model(request)
+    if isinstance(model, web.Response):
+        return model
     return web.json_response({"object": "list", "data": [_model_document(model)]})
 
 
 async def retrieve_model(request: web.Request) -> web.Response:
-    try:
-        await authenticate_request(request)
-    except RequestRefused as exc:
-        return exc.response
-    model = served_model(request.app[SETTINGS])
+    model = await _served_model(request)
+    if isinstance(model, web.Response):
+        return model
     if request.match_info["model"] != model:
         return openai_error(
             404,

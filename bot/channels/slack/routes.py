@@ -54,8 +54,8 @@ COMMANDS_PATH = "/slack/commands"
 FORM_CONTENT_TYPE = "application/x-www-form-urlencoded"
 
 
-class SlackEvents:
-    """The request handler, holding the configured apps."""
+class SlackRoutes:
+    """The two request handlers, holding the configured apps."""
 
     def __init__(
         self, channels: list[SlackChannel], turns: TurnService, settings: Settings
@@ -65,7 +65,7 @@ class SlackEvents:
         self._max_body = settings.server.max_body_bytes
         self._max_text = settings.server.max_text_chars
 
-    async def handle(self, request: web.Request) -> web.StreamResponse:
+    async def events(self, request: web.Request) -> web.StreamResponse:
         clock = IngressClock(request)
         retry_num = request.headers.get("X-Slack-Retry-Num")
         retry_reason = request.headers.get("X-Slack-Retry-Reason")
@@ -132,26 +132,16 @@ class SlackEvents:
         )
         return web.Response(status=200)
 
+    async def commands(self, request: web.Request) -> web.StreamResponse:
+        """``POST /slack/commands``: the slash commands, answered to their user alone.
 
-class SlackCommands:
-    """``POST /slack/commands``: the slash commands, answered to their user alone.
-
-    Slack shows any non-200 answer to a command as a bare failure, so whatever
-    a person can type (an unknown command, a form missing a field) gets a 200
-    with the help text. A signed body that is no form at all cannot come from
-    typing a command: it means another Slack feature (e.g. the Events API
-    Request URL, whose check is JSON) points here, and the 400 makes Slack's
-    URL check fail where the admin is looking.
-    """
-
-    def __init__(
-        self, channels: list[SlackChannel], turns: TurnService, settings: Settings
-    ) -> None:
-        self._channels = channels
-        self._turns = turns
-        self._max_body = settings.server.max_body_bytes
-
-    async def handle(self, request: web.Request) -> web.StreamResponse:
+        Slack shows any non-200 answer to a command as a bare failure, so whatever
+        a person can type (an unknown command, a form missing a field) gets a 200
+        with the help text. A signed body that is no form at all cannot come from
+        typing a command: it means another Slack feature (e.g. the Events API
+        Request URL, whose check is JSON) points here, and the 400 makes Slack's
+        URL check fail where the admin is looking.
+        """
         if await _is_ssl_check(request, self._max_body):
             return web.Response(status=200)
         signed = await read_signed_body(request, self._channels, self._max_body)
@@ -208,11 +198,8 @@ def _ephemeral(text: str) -> web.Response:
 def setup(
     app: web.Application, settings: Settings, turns: TurnService, http: aiohttp.ClientSession
 ) -> None:
-    tables = CHANNEL.tables(settings)
-    if not tables:
-        return
-    channels = [SlackChannel(app_settings, http) for app_settings in tables]
-    for channel in channels:
-        turns.register_channel(channel)
-    app.router.add_post(EVENTS_PATH, SlackEvents(channels, turns, settings).handle)
-    app.router.add_post(COMMANDS_PATH, SlackCommands(channels, turns, settings).handle)
+    channels = CHANNEL.register(settings, turns, lambda table: SlackChannel(table, http))
+    if channels:
+        routes = SlackRoutes(channels, turns, settings)
+        app.router.add_post(EVENTS_PATH, routes.events)
+        app.router.add_post(COMMANDS_PATH, routes.commands)

@@ -192,16 +192,17 @@ async def post_update(request: web.Request) -> web.Response:
 def setup(
     app: web.Application, settings: Settings, turns: TurnService, http: aiohttp.ClientSession
 ) -> None:
-    bots: dict[str, TelegramBot] = {}
-    for bot_settings in CHANNEL.tables(settings):
-        api = TelegramApi.from_settings(http, bot_settings)
-        channel = TelegramChannel(bot_settings, api)
-        turns.register_channel(channel)
-        bots[bot_settings.name] = TelegramBot(bot_settings, api, channel)
-        if bot_settings.secret_token is None:
+    channels = CHANNEL.register(
+        settings,
+        turns,
+        lambda table: TelegramChannel(table, TelegramApi.from_settings(http, table)),
+    )
+    bots = {bot.settings.name: TelegramBot(bot.settings, bot.api, bot) for bot in channels}
+    for bot in channels:
+        if bot.settings.secret_token is None:
             log.warning(
                 "telegram_no_secret",
-                bot=bot_settings.name,
+                bot=bot.settings.name,
                 hint="run `botctl telegram set-webhook` and set secret_token",
             )
     app[TELEGRAM_BOTS] = bots

@@ -117,10 +117,6 @@ class WebhookEvents:
 def setup(
     app: web.Application, settings: Settings, turns: TurnService, http: aiohttp.ClientSession
 ) -> None:
-    tables = CHANNEL.tables(settings)
-    if not tables:
-        return
-    channels = [WebhookChannel(webhook, http) for webhook in tables]
-    for channel in channels:
-        turns.register_channel(channel)
-    app.router.add_post("/webhooks/{name}", WebhookEvents(channels, turns, settings).handle)
+    channels = CHANNEL.register(settings, turns, lambda table: WebhookChannel(table, http))
+    if channels:
+        app.router.add_post("/webhooks/{name}", WebhookEvents(channels, turns, settings).handle)
