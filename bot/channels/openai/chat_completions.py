@@ -15,7 +15,7 @@ from aiohttp import web
 
 from bot.channels.openai import wire
 from bot.channels.openai.errors import RequestRefused, turn_failure
-from bot.channels.openai.events import Delta, Outcome, follow
+from bot.channels.openai.events import Delta, Outcome, follow, settled
 from bot.channels.openai.ingress import (
     StartedTurn,
     admit,
@@ -62,11 +62,9 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
     model = served_model(settings)
     if body.stream:
         return await _stream(request, started, model, include_usage=body.include_usage)
-    outcome = await _outcome(request, started.turn_id)
-    if outcome.failed:
-        assert outcome.error_class is not None
-        status, error = turn_failure(outcome.error_class, outcome.error_message)
-        return web.json_response(error, status=status)
+    outcome = await settled(request.app[TURN_FOLLOWERS], started.turn_id)
+    if isinstance(outcome, web.Response):
+        return outcome
     return web.json_response(
         {
             "id": f"{ID_PREFIX}{started.turn_id}",
@@ -85,13 +83,6 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
             "usage": usage(outcome),
         }
     )
-
-
-async def _outcome(request: web.Request, turn_id: str) -> Outcome:
-    async for event in follow(request.app[TURN_FOLLOWERS], turn_id):
-        if isinstance(event, Outcome):
-            return event
-    raise AssertionError("a turn's events always end with its outcome")
 
 
 async def _stream(

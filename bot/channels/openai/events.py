@@ -10,6 +10,9 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+from aiohttp import web
+
+from bot.channels.openai.errors import turn_failure
 from bot.errors import USER_MESSAGES, ErrorClass
 from bot.storage.models import Turn, TurnStatus
 from bot.turns.followers import TurnFollowers
@@ -80,3 +83,16 @@ async def follow(followers: TurnFollowers, turn_id: str) -> AsyncIterator[Delta 
             return
     # The turn is gone (deleted) or its row could not be read.
     yield Outcome(text, 0, 0, 0, None, ErrorClass.INTERNAL, USER_MESSAGES[ErrorClass.INTERNAL])
+
+
+async def settled(followers: TurnFollowers, turn_id: str) -> Outcome | web.Response:
+    """The turn's outcome once it has ended; a failed turn's is the error answer to send."""
+    async for event in follow(followers, turn_id):
+        if not isinstance(event, Outcome):
+            continue
+        if event.failed:
+            assert event.error_class is not None
+            status, error = turn_failure(event.error_class, event.error_message)
+            return web.json_response(error, status=status)
+        return event
+    raise AssertionError("a turn's events always end with its outcome")

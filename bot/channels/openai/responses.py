@@ -23,9 +23,8 @@ from bot.channels.openai.errors import (
     bad_request,
     error_body,
     openai_error,
-    turn_failure,
 )
-from bot.channels.openai.events import Delta, Outcome, follow, outcome_of_row
+from bot.channels.openai.events import Delta, Outcome, follow, outcome_of_row, settled
 from bot.channels.openai.ingress import (
     Admitted,
     StartedTurn,
@@ -230,21 +229,12 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     )
     if body.stream:
         return await _stream(request, started, fields)
-    outcome = await _outcome(request, started.turn_id)
-    if outcome.failed:
-        assert outcome.error_class is not None
-        status, error = turn_failure(outcome.error_class, outcome.error_message)
-        return web.json_response(error, status=status)
+    outcome = await settled(request.app[TURN_FOLLOWERS], started.turn_id)
+    if isinstance(outcome, web.Response):
+        return outcome
     return web.json_response(
         response_object(started.turn_id, fields, status=final_status(outcome), outcome=outcome)
     )
-
-
-async def _outcome(request: web.Request, turn_id: str) -> Outcome:
-    async for event in follow(request.app[TURN_FOLLOWERS], turn_id):
-        if isinstance(event, Outcome):
-            return event
-    raise AssertionError("a turn's events always end with its outcome")
 
 
 class _EventWriter:

@@ -87,24 +87,13 @@ class SlackRoutes:
             log.warning("slack_event_for_another_app", api_app_id=document.get("api_app_id"))
             return web.Response(status=200)
         if isinstance(parsed, Ignored):
-            emit = log.warning if parsed.unknown else log.info
-            emit(
-                "slack_event_ignored",
-                app=channel.settings.name,
-                kind=parsed.kind,
-                reason=parsed.reason,
-                event_id=parsed.event_id,
-                retry_num=retry_num,
-            )
+            _log_ignored(channel, parsed, retry_num, warn=parsed.unknown)
             return web.Response(status=200)
         unnamed = to_inbound(parsed, channel=channel.name, user_name=None)
         if declined_too_long(self._turns, unnamed, self._max_text):
-            log.warning(
-                "slack_event_ignored",
-                app=channel.settings.name,
-                kind="too_long",
-                reason=too_long(parsed.text, self._max_text),
-                event_id=parsed.event_id,
+            reason = too_long(parsed.text, self._max_text) or ""
+            _log_ignored(
+                channel, Ignored(reason, "too_long", parsed.event_id), retry_num, warn=True
             )
             return web.Response(status=200)
 
@@ -171,6 +160,20 @@ class SlackRoutes:
             answer=answer.splitlines()[0],
         )
         return _ephemeral(answer)
+
+
+def _log_ignored(
+    channel: SlackChannel, ignored: Ignored, retry_num: str | None, *, warn: bool
+) -> None:
+    emit = log.warning if warn else log.info
+    emit(
+        "slack_event_ignored",
+        app=channel.settings.name,
+        kind=ignored.kind,
+        reason=ignored.reason,
+        event_id=ignored.event_id,
+        retry_num=retry_num,
+    )
 
 
 async def _is_ssl_check(request: web.Request, max_body: int) -> bool:
