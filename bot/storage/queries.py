@@ -82,15 +82,42 @@ async def get_turn(session: AsyncSession, turn_id: str) -> Turn | None:
     return await session.get(Turn, turn_id)
 
 
-async def get_turn_for_owner(session: AsyncSession, turn_id: str, owner: str) -> Turn | None:
-    """A turn, only if its conversation belongs to ``owner`` (else None: 404, not 403)."""
-    return (
-        await session.scalars(
-            select(Turn)
+async def get_turn_for_owner(
+    session: AsyncSession, turn_id: str, owner: str
+) -> tuple[Turn, str] | None:
+    """A turn and its conversation's external key, only if the conversation belongs to
+    ``owner`` (else None: 404, not 403)."""
+    row = (
+        await session.execute(
+            select(Turn, Conversation.external_key)
             .join(Conversation, Conversation.id == Turn.conversation_id)
             .where(Turn.id == turn_id, Conversation.owner == owner)
         )
     ).one_or_none()
+    return None if row is None else (row[0], row[1] or "")
+
+
+async def recent_turns(
+    session: AsyncSession, *, owner: str, channel: str, conversation_key: str, limit: int
+) -> list[Turn]:
+    """The newest ``limit`` turns of an open conversation, oldest first (none if no such)."""
+    conversation_id = await session.scalar(
+        select(Conversation.id).where(
+            Conversation.owner == owner,
+            Conversation.channel == channel,
+            Conversation.external_key == conversation_key,
+            Conversation.closed_at.is_(None),
+        )
+    )
+    if conversation_id is None:
+        return []
+    newest = await session.scalars(
+        select(Turn)
+        .where(Turn.conversation_id == conversation_id)
+        .order_by(Turn.seq.desc())
+        .limit(limit)
+    )
+    return list(reversed(newest.all()))
 
 
 async def next_queued_turn(session: AsyncSession, conversation_id: str) -> Turn | None:

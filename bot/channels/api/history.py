@@ -8,12 +8,12 @@ simply an empty conversation.
 from __future__ import annotations
 
 from aiohttp import web
-from sqlalchemy import select
 
 from bot.channels.api.auth import authenticate_chat
-from bot.channels.api.routes import API_CHANNEL, turn_document
+from bot.channels.api.channel import ApiChannel
+from bot.channels.api.documents import turn_document
 from bot.http.keys import READ_SESSIONS
-from bot.storage.models import Conversation, Turn
+from bot.storage.queries import recent_turns
 
 MAX_TURNS = 200
 """The newest turns returned; the page has no use for a longer scroll-back."""
@@ -25,23 +25,13 @@ async def conversation_turns(request: web.Request) -> web.Response:
         return principal
     key = request.match_info["conversation_id"]
     async with request.app[READ_SESSIONS]() as session:
-        conversation_id = await session.scalar(
-            select(Conversation.id).where(
-                Conversation.owner == principal.owner,
-                Conversation.channel == API_CHANNEL,
-                Conversation.external_key == key,
-                Conversation.closed_at.is_(None),
-            )
+        turns = await recent_turns(
+            session,
+            owner=principal.owner,
+            channel=ApiChannel.name,
+            conversation_key=key,
+            limit=MAX_TURNS,
         )
-        turns: list[Turn] = []
-        if conversation_id is not None:
-            newest = await session.scalars(
-                select(Turn)
-                .where(Turn.conversation_id == conversation_id)
-                .order_by(Turn.seq.desc())
-                .limit(MAX_TURNS)
-            )
-            turns = list(reversed(newest.all()))
     return web.json_response(
         {
             "conversation_id": key,

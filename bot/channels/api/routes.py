@@ -7,20 +7,18 @@ with ``error`` and ``reason``; nothing is stored for a refused request.
 
 from __future__ import annotations
 
-from typing import Any
-
 import aiohttp
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from sqlalchemy import select
 
 from bot.apikeys import Principal
+from bot.channels.api import history
 from bot.channels.api.auth import authenticate_chat
 from bot.channels.api.channel import ApiChannel
+from bot.channels.api.documents import turn_document
 from bot.channels.base import InboundMessage
 from bot.channels.ingress import IngressClock, problems, rate_limited, too_long
 from bot.config import Settings
-from bot.errors import USER_MESSAGES, ErrorClass
 from bot.http.body import BodyError, parse_json_object, read_body
 from bot.http.errors import json_error
 from bot.http.keys import (
@@ -33,13 +31,11 @@ from bot.http.keys import (
 from bot.http.ops import METRICS
 from bot.http.readers import EventStreamReaders, StreamSlot
 from bot.http.sse import event_stream_response, pump_events
-from bot.storage.models import Conversation, Turn
+from bot.storage.models import Turn
 from bot.storage.queries import get_turn_for_owner
-from bot.turns.ending import usage
 from bot.turns.followers import TurnFollowers
 from bot.turns.service import TurnService, api_event_id
 
-API_CHANNEL = "api"
 ID_MAX = 200
 
 
@@ -81,7 +77,7 @@ async def post_message(request: web.Request) -> web.StreamResponse:
     try:
         accepted = await turns.accept(
             InboundMessage(
-                channel=API_CHANNEL,
+                channel=ApiChannel.name,
                 event_id=api_event_id(principal.owner, message.conversation_id, message.message_id),
                 owner=principal.owner,
                 conversation_key=message.conversation_id,
@@ -119,44 +115,11 @@ async def _owned_turn(request: web.Request) -> tuple[Turn, str, Principal] | web
         return principal
     turn_id = request.match_info["turn_id"]
     async with request.app[READ_SESSIONS]() as session:
-        turn = await get_turn_for_owner(session, turn_id, principal.owner)
-        if turn is None:
-            return json_error(404, "not_found", f"no turn {turn_id}")
-        external_key = await session.scalar(
-            select(Conversation.external_key).where(Conversation.id == turn.conversation_id)
-        )
-    return turn, external_key or "", principal
-
-
-def public_error(error_class: str | None) -> str | None:
-    """What a client is told of a failed turn: its class's message.
-
-    Never the stored ``error_message``: that is for the log and the operator, and
-    may name internal hosts or carry an exception's text.
-    """
-    if error_class is None:
-        return None
-    known = {member.value: member for member in ErrorClass}
-    return USER_MESSAGES[known.get(error_class, ErrorClass.INTERNAL)]
-
-
-def turn_document(turn: Turn, conversation_key: str) -> dict[str, Any]:
-    layer_ms = dict(turn.layer_ms or {})
-    return {
-        "turn_id": turn.id,
-        "conversation_id": conversation_key,
-        "status": turn.status,
-        "text": turn.user_text,
-        "reply": turn.reply_text,
-        "usage": usage(turn.prompt_tokens, turn.cached_tokens, turn.completion_tokens),
-        "finish_reason": turn.finish_reason,
-        "error_class": turn.error_class,
-        "error": public_error(turn.error_class),
-        "timings_ms": layer_ms,
-        "coalesced_into": turn.coalesced_into,
-        "compaction_id": turn.compaction_id,
-        "created_at": turn.created_at.isoformat(),
-    }
+        found = await get_turn_for_owner(session, turn_id, principal.owner)
+    if found is None:
+        return json_error(404, "not_found", f"no turn {turn_id}")
+    turn, conversation_key = found
+    return turn, conversation_key, principal
 
 
 async def get_turn(request: web.Request) -> web.Response:
@@ -251,6 +214,4 @@ def setup(
     app.router.add_get("/v1/turns/{turn_id}", get_turn)
     app.router.add_get("/v1/turns/{turn_id}/events", turn_events)
     app.router.add_post("/v1/turns/{turn_id}/cancel", cancel_turn)
-    from bot.channels.api import history  # imports this module: keep the import here
-
     history.setup(app)
