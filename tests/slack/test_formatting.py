@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from bot.channels.slack.chunks import first_cut, split
 from bot.channels.slack.render import MARKDOWN_BLOCK_MAX_CHARS, plain_text, render_reply
+from bot.channels.slack.splitting import first_cut, split
 
 
 def test_short_text_is_one_message() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bot.channels.slack.events import (
+from bot.channels.slack.payloads import (
     Ignored,
     MalformedEvent,
     UrlVerification,

@@ -11,9 +11,9 @@ import pytest
 
 from bot.channels.base import TurnAddress
 from bot.channels.slack.channel import SlackChannel
-from bot.channels.slack.chunks import split
 from bot.channels.slack.render import render_reply
 from bot.channels.slack.sink import SlackReplySink
+from bot.channels.slack.splitting import split
 from bot.errors import DeliveryError, ErrorClass
 from tests.fakes.slack_api import FakeSlackApi
 from tests.slack.conftest import BOT_USER, TEAM, TOKEN, MakeChannel, app_settings

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from bot.channels.base import InboundMessage
-from bot.channels.telegram.updates import (
+from bot.channels.telegram.payloads import (
     IGNORED_UPDATE_TYPES,
     BotIdentity,
     Command,

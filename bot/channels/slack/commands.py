@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Literal
 from urllib.parse import parse_qs
 
-from bot.channels.slack.events import dm_conversation_key
+from bot.channels.slack.payloads import dm_conversation_key
 from bot.turns.service import TurnService
 
 HELP_TEXT = (
@@ -99,7 +99,7 @@ async def run_command(command: SlashCommand, *, channel: str, turns: TurnService
         return UNKNOWN_TEXT
     if not command.in_dm:
         return DM_ONLY_TEXT
-    # The owner and key the DM's message events are stored under (events.py).
+    # The owner and key the DM's message events are stored under (payloads.py).
     owner = command.team_id
     key = dm_conversation_key(command.channel_id)
     if command.name == "new":

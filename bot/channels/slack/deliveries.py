@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import NoReturn, Protocol
 
-from bot.channels.slack import chunks
+from bot.channels.slack import splitting
 from bot.channels.slack.api import SlackCallError
 from bot.channels.slack.outbound import STREAMING_UNSUPPORTED_ERRORS, Outbound, ReplyTarget
 from bot.channels.slack.render import SlackMessage, escape, render_reply
@@ -74,11 +74,11 @@ class UpdateDelivery:
             return self._out.delay("chat.postMessage", self._target, None)
         return self._out.delay("chat.update", self._target, self._ts)
 
-    def _body(self, rest: str) -> tuple[SlackMessage, chunks.Cut | None]:
+    def _body(self, rest: str) -> tuple[SlackMessage, splitting.Cut | None]:
         """The current message; escaping can lengthen its text past Slack's limit."""
         limit = self._limit
         while True:
-            cut = chunks.first_cut(rest, limit)
+            cut = splitting.first_cut(rest, limit)
             rendered = render_reply(cut.piece if cut else rest)
             if len(rendered.text) <= SLACK_MAX_TEXT_CHARS:
                 return rendered, cut
@@ -160,13 +160,13 @@ class StreamDelivery:
     async def push(self, text: str, *, final: bool) -> None:
         while True:
             rest = self._carry + text[self._consumed :]
-            cut = chunks.first_cut(rest, self._limit, min_index=self._sent)
+            cut = splitting.first_cut(rest, self._limit, min_index=self._sent)
             body = cut.piece if cut else rest
             new = body[self._sent :]
             if cut is None and not final:
                 # Stream whole words only, and never into the room a closing fence may
                 # need: a later cut can then fall on the boundary where streaming stopped.
-                room = self._limit - len(chunks.CLOSE_FENCE) - self._sent
+                room = self._limit - len(splitting.CLOSE_FENCE) - self._sent
                 ready = new[:room]
                 if len(ready) < len(new) or not ready[-1:].isspace():
                     space = max(ready.rfind(" "), ready.rfind("\n"))

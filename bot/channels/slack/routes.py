@@ -34,7 +34,7 @@ from bot.channels.slack.commands import (
     parse_form,
     run_command,
 )
-from bot.channels.slack.events import (
+from bot.channels.slack.payloads import (
     Ignored,
     MalformedEvent,
     UrlVerification,

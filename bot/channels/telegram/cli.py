@@ -20,8 +20,8 @@ import click
 
 from bot.channels.telegram import CHANNEL
 from bot.channels.telegram.api import TelegramApi, TelegramApiError
+from bot.channels.telegram.payloads import HANDLED_UPDATE_TYPES
 from bot.channels.telegram.settings import TelegramBotSettings
-from bot.channels.telegram.updates import HANDLED_UPDATE_TYPES
 from bot.config import ConfigError, Settings, load_settings
 
 SECRET_BYTES = 32

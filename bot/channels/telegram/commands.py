@@ -7,7 +7,7 @@ this one is answered); the short notice that confirms them goes out after.
 
 from __future__ import annotations
 
-from bot.channels.telegram.updates import Command
+from bot.channels.telegram.payloads import Command
 from bot.turns.service import TurnService
 
 HELP_TEXT = (

@@ -27,8 +27,8 @@ from bot.channels.telegram import CHANNEL
 from bot.channels.telegram.api import TelegramApi, TelegramApiError
 from bot.channels.telegram.channel import TelegramChannel
 from bot.channels.telegram.commands import run_command
+from bot.channels.telegram.payloads import BotIdentity, Command, Ignored, parse_update
 from bot.channels.telegram.settings import TelegramBotSettings
-from bot.channels.telegram.updates import BotIdentity, Command, Ignored, parse_update
 from bot.config import Settings
 from bot.http.body import BodyError, parse_json_object, read_body
 from bot.http.errors import json_error
