@@ -6,7 +6,7 @@ engine the service builds gets it) can raise the error a dropped connection
 raises, at a random share of the app's writes (INSERT, UPDATE, DELETE): the
 accept, the start, the partial replies, the final status, the history, the
 leases, the takeover. The same kind of fault as ``WriteFaults`` in
-tests/test_final_state.py, only at random and in a separate process.
+tests/turns/test_final_state.py, only at random and in a separate process.
 
 Environment (set by bench/soak.py; everything else is ``botctl``'s own):
 
