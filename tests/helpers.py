@@ -129,3 +129,29 @@ async def wait_until(predicate: Callable[[], bool], timeout_s: float) -> float:
             raise AssertionError(f"not within {timeout_s} s")
         await asyncio.sleep(0.02)
     return time.monotonic() - started
+
+
+DEEP = 60_000
+
+
+HUGE_DIGITS = 5_000
+
+
+def nested(depth: int, *, closed: bool) -> bytes:
+    return b"[" * depth + (b"]" * depth if closed else b"")
+
+
+def huge_integer_field(field: str) -> bytes:
+    document = json.dumps({"conversation_id": "c1", "message_id": "m1", "text": "hi"})
+    return document[:-1].encode() + f', "{field}": {"9" * HUGE_DIGITS}}}'.encode()
+
+
+async def assert_nothing_stored(db_url: str) -> None:
+    assert set((await count_rows(db_url)).values()) == {0}
+
+
+async def refusal(response: Any, status: int) -> dict[str, Any]:
+    assert response.status == status, await response.text()
+    body: dict[str, Any] = await response.json()
+    assert set(body) >= {"error", "reason"}
+    return body

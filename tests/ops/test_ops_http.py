@@ -10,24 +10,13 @@ from typing import Any
 import asyncpg
 import pytest
 
-from bot.apikeys import create_key
 from bot.engine.base import GenerationChunk, GenerationRequest
 from bot.errors import EngineError, ErrorClass
 from bot.http.keys import TURNS
 from bot.metrics import note_rate_limited
-from bot.storage.db import create_engine, create_sessionmaker
 from tests.conftest import POSTGRES_ADMIN_DSN, MakeClient, issue_key
 from tests.helpers import auth, load_turns
-from tests.ops.helpers import chat, samples, value
-
-
-async def admin_key(db_url: str) -> str:
-    engine = create_engine(db_url)
-    try:
-        async with create_sessionmaker(engine)() as session, session.begin():
-            return (await create_key(session, name="ops", scopes=("admin",))).key
-    finally:
-        await engine.dispose()
+from tests.ops.helpers import admin_key, chat, samples, value
 
 
 class SickEngine:

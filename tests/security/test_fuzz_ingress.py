@@ -35,10 +35,9 @@ from tests.security.fuzzing import (
     header_mutations,
     mutated,
 )
-from tests.slack.conftest import SIGNING_SECRET
-from tests.slack.test_e2e import slack_section
-from tests.telegram.test_webhook_e2e import SECRET as TELEGRAM_SECRET
-from tests.telegram.test_webhook_e2e import bot_table
+from tests.slack.conftest import SIGNING_SECRET, slack_section
+from tests.telegram.conftest import SECRET as TELEGRAM_SECRET
+from tests.telegram.conftest import bot_table
 from tests.webhook.conftest import SECRET as WEBHOOK_SECRET
 from tests.webhook.conftest import Receiver, webhook_settings
 

@@ -2,40 +2,23 @@
 
 from __future__ import annotations
 
-import json
-from typing import Any
-
 import pytest
 
 from bot.apikeys import create_key
 from bot.http.keys import TURNS
 from bot.storage.db import create_engine, create_sessionmaker
 from tests.conftest import MakeClient, issue_key
-from tests.helpers import auth, count_rows
+from tests.helpers import (
+    DEEP,
+    assert_nothing_stored,
+    auth,
+    count_rows,
+    huge_integer_field,
+    nested,
+    refusal,
+)
 
-DEEP = 60_000
-HUGE_DIGITS = 5_000
 CYRILLIC_ID = "Ж" * 76
-
-
-def nested(depth: int, *, closed: bool) -> bytes:
-    return b"[" * depth + (b"]" * depth if closed else b"")
-
-
-def huge_integer_field(field: str) -> bytes:
-    document = json.dumps({"conversation_id": "c1", "message_id": "m1", "text": "hi"})
-    return document[:-1].encode() + f', "{field}": {"9" * HUGE_DIGITS}}}'.encode()
-
-
-async def assert_nothing_stored(db_url: str) -> None:
-    assert set((await count_rows(db_url)).values()) == {0}
-
-
-async def refusal(response: Any, status: int) -> dict[str, Any]:
-    assert response.status == status, await response.text()
-    body: dict[str, Any] = await response.json()
-    assert set(body) >= {"error", "reason"}
-    return body
 
 
 async def issue_admin_only_key(db_url: str) -> str:

@@ -25,8 +25,8 @@ from tests.conftest import MakeClient, issue_key
 from tests.fakes.slack_api import FakeSlackApi
 from tests.fakes.telegram_api import FakeTelegram
 from tests.helpers import auth
-from tests.slack.test_e2e import slack_section
-from tests.telegram.test_webhook_e2e import bot_table
+from tests.slack.conftest import slack_section
+from tests.telegram.conftest import bot_table
 from tests.webhook.conftest import Receiver, webhook_settings
 
 MAX_EXAMPLES = 80

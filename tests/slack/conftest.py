@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import copy
 import json
+import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
+from aiohttp.test_utils import TestClient
+from slack_sdk.signature import SignatureVerifier
 
 from bot.channels.slack.channel import SlackChannel
 from bot.channels.slack.settings import SlackAppSettings
+from bot.http.keys import TURNS
 from tests.fakes.slack_api import FakeSlackApi
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "slack"
@@ -69,3 +73,70 @@ def make_channel(slack_api: FakeSlackApi, http: aiohttp.ClientSession) -> MakeCh
         return SlackChannel(app_settings(slack_api.base_url, **overrides), http)
 
     return factory
+
+
+CHANNEL = "C0001CHAN"
+
+
+DM = "D0001DM"
+
+
+THREAD = "1700000001.000100"
+
+
+def slack_section(base_url: str, **overrides: Any) -> list[dict[str, Any]]:
+    return [
+        {
+            "name": "main",
+            "signing_secret": SIGNING_SECRET,
+            "bot_token": TOKEN,
+            "api_base_url": base_url,
+            "app_id": APP_ID,
+            "stream_interval_s": 0.05,
+            "update_interval_s": 0.05,
+            "post_interval_s": 0.05,
+            **overrides,
+        }
+    ]
+
+
+async def post_event(
+    client: TestClient[Any, Any],
+    body: dict[str, Any],
+    *,
+    secret: str = SIGNING_SECRET,
+    timestamp: int | None = None,
+    retry_num: int | None = None,
+    signature: str | None = None,
+) -> tuple[int, str, float]:
+    raw = json.dumps(body)
+    ts = str(int(time.time()) if timestamp is None else timestamp)
+    headers = {
+        "Content-Type": "application/json",
+        "X-Slack-Request-Timestamp": ts,
+        "X-Slack-Signature": signature
+        or SignatureVerifier(secret).generate_signature(timestamp=ts, body=raw)
+        or "",
+    }
+    if retry_num is not None:
+        headers["X-Slack-Retry-Num"] = str(retry_num)
+        headers["X-Slack-Retry-Reason"] = "http_timeout"
+    started = time.perf_counter()
+    response = await client.post("/slack/events", data=raw, headers=headers)
+    text = await response.text()
+    return response.status, text, time.perf_counter() - started
+
+
+async def idle(client: TestClient[Any, Any]) -> None:
+    await client.server.app[TURNS].wait_idle(timeout=120)
+
+
+def mention(
+    event_id: str, ts: str, *, thread_ts: str | None = None, user: str = "U0001ALICE"
+) -> dict[str, Any]:
+    body = load_fixture("app_mention")
+    body["event_id"] = event_id
+    body["event"].update(ts=ts, event_ts=ts, user=user)
+    if thread_ts:
+        body["event"]["thread_ts"] = thread_ts
+    return body

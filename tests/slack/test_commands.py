@@ -37,12 +37,16 @@ from tests.conftest import MakeClient
 from tests.engines import SlowEngine
 from tests.fakes.slack_api import FakeSlackApi
 from tests.helpers import load_turns
-from tests.slack.conftest import APP_ID, FIXTURES, SIGNING_SECRET, TEAM, load_fixture
-from tests.slack.test_e2e import (
+from tests.slack.conftest import (
+    APP_ID,
     CHANNEL,
     DM,
+    FIXTURES,
+    SIGNING_SECRET,
+    TEAM,
     THREAD,
     idle,
+    load_fixture,
     mention,
     post_event,
     slack_section,

@@ -11,8 +11,7 @@ from tests.security.control_tokens import (
     assert_first_turn_keeps_only_template_tokens,
     user_entries,
 )
-from tests.slack.conftest import TEAM
-from tests.slack.test_e2e import idle, mention, post_event, slack_section
+from tests.slack.conftest import TEAM, idle, mention, post_event, slack_section
 
 MALLORY = "U0009MALLORY"
 

@@ -2,17 +2,24 @@
 
 from __future__ import annotations
 
+import copy
+import itertools
 import json
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
+from aiohttp.test_utils import TestClient
 
 from bot.channels.telegram.api import TelegramApi
 from bot.channels.telegram.settings import TelegramBotSettings
+from bot.http.keys import TURNS
+from bot.storage.models import Turn
 from tests.fakes.telegram_api import FakeTelegram
+from tests.helpers import load_turns
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "telegram"
 BOT_TOKEN = "7000000001:AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw"
@@ -68,3 +75,63 @@ def settings(fake_telegram: FakeTelegram) -> TelegramBotSettings:
 @pytest.fixture
 def api(http: aiohttp.ClientSession, settings: TelegramBotSettings) -> TelegramApi:
     return TelegramApi.from_settings(http, settings)
+
+
+SECRET = "s3cret-Header_value"
+
+
+def private_update(text: str, chat_id: int = PRIVATE_CHAT) -> dict[str, Any]:
+    update = copy.deepcopy(load_update("private_text"))
+    update["update_id"] = next(update_ids)
+    message = update["message"]
+    message["message_id"] = update["update_id"] % 100_000
+    message["chat"]["id"] = message["from"]["id"] = chat_id
+    message["text"] = text
+    return update
+
+
+def fixture_update(name: str) -> dict[str, Any]:
+    update = copy.deepcopy(load_update(name))
+    update["update_id"] = next(update_ids)
+    return update
+
+
+@dataclass
+class Service:
+    client: TestClient[Any, Any]
+    fake: FakeTelegram
+    db_url: str
+
+    async def post(self, update: dict[str, Any], secret: str | None = SECRET) -> int:
+        headers = {HEADER: secret} if secret is not None else {}
+        response = await self.client.post("/telegram/testbot", json=update, headers=headers)
+        return response.status
+
+    async def idle(self) -> None:
+        await self.client.app[TURNS].wait_idle(timeout=120)
+
+    async def turns(self) -> list[Turn]:
+        return await load_turns(self.db_url)
+
+
+def bot_table(fake: FakeTelegram, **overrides: Any) -> dict[str, Any]:
+    return {
+        "name": "testbot",
+        "token": BOT_TOKEN,
+        "secret_token": SECRET,
+        "api_base_url": fake.base_url,
+        **FAST_PACING,
+        **overrides,
+    }
+
+
+HEADER = "X-Telegram-Bot-Api-Secret-Token"
+
+
+update_ids = itertools.count(700_000_000)
+
+
+def command_update(name: str, chat_id: int = PRIVATE_CHAT) -> dict[str, Any]:
+    update = private_update(f"/{name}", chat_id)
+    update["message"]["entities"] = [{"offset": 0, "length": len(name) + 1, "type": "bot_command"}]
+    return update

@@ -15,7 +15,7 @@ from tests.security.control_tokens import (
     assert_first_turn_keeps_only_template_tokens,
     user_entries,
 )
-from tests.telegram.test_webhook_e2e import Service, bot_table, fixture_update, private_update
+from tests.telegram.conftest import Service, bot_table, fixture_update, private_update
 
 MENTION = "@TestChatBot "
 

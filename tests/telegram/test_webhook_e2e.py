@@ -5,12 +5,10 @@ from __future__ import annotations
 import asyncio
 import copy
 import itertools
-from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from aiohttp.test_utils import TestClient
 from click.testing import CliRunner
 
 from bot.channels.telegram.cli import telegram
@@ -19,39 +17,24 @@ from bot.channels.telegram.render import Renderer
 from bot.config import load_settings
 from bot.engine.vllm_local import LocalVLLMEngine
 from bot.http.keys import TURNS
-from bot.storage.models import Turn
 from tests.conftest import MakeClient
 from tests.engines import MeetingEngine, SlowEngine
 from tests.fakes.telegram_api import FakeTelegram
 from tests.fakes.telegram_html import parse_html
-from tests.helpers import count_rows, load_turns
-from tests.telegram.conftest import BOT_TOKEN, FAST_PACING, GROUP_CHAT, PRIVATE_CHAT, load_update
-
-SECRET = "s3cret-Header_value"
-HEADER = "X-Telegram-Bot-Api-Secret-Token"
-_update_ids = itertools.count(700_000_000)
-
-
-def private_update(text: str, chat_id: int = PRIVATE_CHAT) -> dict[str, Any]:
-    update = copy.deepcopy(load_update("private_text"))
-    update["update_id"] = next(_update_ids)
-    message = update["message"]
-    message["message_id"] = update["update_id"] % 100_000
-    message["chat"]["id"] = message["from"]["id"] = chat_id
-    message["text"] = text
-    return update
-
-
-def command_update(name: str, chat_id: int = PRIVATE_CHAT) -> dict[str, Any]:
-    update = private_update(f"/{name}", chat_id)
-    update["message"]["entities"] = [{"offset": 0, "length": len(name) + 1, "type": "bot_command"}]
-    return update
-
-
-def fixture_update(name: str) -> dict[str, Any]:
-    update = copy.deepcopy(load_update(name))
-    update["update_id"] = next(_update_ids)
-    return update
+from tests.helpers import count_rows
+from tests.telegram.conftest import (
+    BOT_TOKEN,
+    GROUP_CHAT,
+    HEADER,
+    PRIVATE_CHAT,
+    SECRET,
+    Service,
+    bot_table,
+    command_update,
+    fixture_update,
+    private_update,
+    update_ids,
+)
 
 
 def expected_texts(reply: str, limit: int = 4096) -> list[str]:
@@ -64,35 +47,6 @@ def expected_texts(reply: str, limit: int = 4096) -> list[str]:
         if rendered is not None:
             shown.append(parse_html(rendered.text)[0])
     return shown or ["…"]
-
-
-@dataclass
-class Service:
-    client: TestClient[Any, Any]
-    fake: FakeTelegram
-    db_url: str
-
-    async def post(self, update: dict[str, Any], secret: str | None = SECRET) -> int:
-        headers = {HEADER: secret} if secret is not None else {}
-        response = await self.client.post("/telegram/testbot", json=update, headers=headers)
-        return response.status
-
-    async def idle(self) -> None:
-        await self.client.app[TURNS].wait_idle(timeout=120)
-
-    async def turns(self) -> list[Turn]:
-        return await load_turns(self.db_url)
-
-
-def bot_table(fake: FakeTelegram, **overrides: Any) -> dict[str, Any]:
-    return {
-        "name": "testbot",
-        "token": BOT_TOKEN,
-        "secret_token": SECRET,
-        "api_base_url": fake.base_url,
-        **FAST_PACING,
-        **overrides,
-    }
 
 
 @pytest.fixture
@@ -355,7 +309,7 @@ async def test_an_edited_message_is_answered_as_a_new_turn(start_service: Any) -
     assert await service.post(original) == 200
     await service.idle()
     edited = copy.deepcopy(original)
-    edited["update_id"] = next(_update_ids)
+    edited["update_id"] = next(update_ids)
     edited["edited_message"] = edited.pop("message")
     edited["edited_message"]["text"] = "What is the capital of France?"
     edited["edited_message"]["edit_date"] = edited["edited_message"]["date"] + 5

@@ -10,11 +10,11 @@ from aiohttp.test_utils import TestClient
 from bot.channels.webhook.signing import SIGNATURE_HEADER, TIMESTAMP_HEADER, signed_headers
 from bot.http.keys import TURNS
 from tests.conftest import MakeClient
-from tests.helpers import count_rows
-from tests.security.test_hostile_input import (
+from tests.helpers import (
     DEEP,
     HUGE_DIGITS,
     assert_nothing_stored,
+    count_rows,
     huge_integer_field,
     nested,
     refusal,
