@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -9,6 +10,7 @@ import pytest
 from pydantic import SecretStr
 
 from bot.config import EngineSettings
+from bot.engine.base import GenerationChunk, GenerationRequest
 from bot.engine.openai_remote import OpenAIRemoteEngine
 from tests.remote.misbehaving import MisbehavingServer
 from tests.vllm_servers import API_KEY, SERVED_MODEL_NAME, VLLMServer, start_servers
@@ -55,3 +57,33 @@ async def misbehaving() -> AsyncIterator[MisbehavingServer]:
     await server.start()
     yield server
     await server.stop()
+
+
+def request(
+    prompt: list[int], session_key: str | None = None, max_tokens: int = 24
+) -> GenerationRequest:
+    return GenerationRequest(
+        request_id=uuid.uuid4().hex,
+        prompt_token_ids=prompt,
+        max_tokens=max_tokens,
+        temperature=0.0,
+        top_p=1.0,
+        session_key=session_key,
+    )
+
+
+async def collect(engine: object, req: GenerationRequest) -> tuple[list[int], GenerationChunk]:
+    ids: list[int] = []
+    final = None
+    async for chunk in engine.generate(req):  # type: ignore[attr-defined]
+        ids.extend(chunk.token_ids)
+        if chunk.finished:
+            final = chunk
+    assert final is not None
+    return ids, final
+
+
+async def engine_for(base_urls: list[str], **overrides: object) -> OpenAIRemoteEngine:
+    engine = OpenAIRemoteEngine(remote_settings(base_urls, **overrides))
+    await engine.start()
+    return engine

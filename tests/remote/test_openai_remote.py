@@ -1,18 +1,17 @@
 """The remote engine on two real vLLM OpenAI servers: token-exact streaming, affinity, failures.
 
-The test that kills a server is in test_zz_replica_killed.py, so that it runs last.
+The test that kills a server is in test_replica_killed.py, on a server of its own.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
-import uuid
 
 import pytest
 import structlog
 
-from bot.engine.base import GenerationChunk, GenerationRequest
+from bot.engine.base import GenerationRequest
 from bot.engine.openai_remote import OpenAIRemoteEngine
 from bot.engine.routing import rendezvous_order
 from bot.engine.vllm_local import LocalVLLMEngine
@@ -20,39 +19,9 @@ from bot.errors import EngineError, ErrorClass
 from bot.turns.chat_format import ChatFormat
 from tests.conftest import TEST_BLOCK_SIZE, MakeClient, issue_key
 from tests.helpers import auth, read_sse
-from tests.remote.conftest import remote_settings
+from tests.remote.conftest import collect, engine_for, request
 from tests.remote.misbehaving import MisbehavingServer
 from tests.vllm_servers import VLLMServer, free_port
-
-
-def request(
-    prompt: list[int], session_key: str | None = None, max_tokens: int = 24
-) -> GenerationRequest:
-    return GenerationRequest(
-        request_id=uuid.uuid4().hex,
-        prompt_token_ids=prompt,
-        max_tokens=max_tokens,
-        temperature=0.0,
-        top_p=1.0,
-        session_key=session_key,
-    )
-
-
-async def collect(engine: object, req: GenerationRequest) -> tuple[list[int], GenerationChunk]:
-    ids: list[int] = []
-    final = None
-    async for chunk in engine.generate(req):  # type: ignore[attr-defined]
-        ids.extend(chunk.token_ids)
-        if chunk.finished:
-            final = chunk
-    assert final is not None
-    return ids, final
-
-
-async def engine_for(base_urls: list[str], **overrides: object) -> OpenAIRemoteEngine:
-    engine = OpenAIRemoteEngine(remote_settings(base_urls, **overrides))
-    await engine.start()
-    return engine
 
 
 async def failure_of(engine: OpenAIRemoteEngine, req: GenerationRequest) -> EngineError:
