@@ -9,6 +9,8 @@ nothing of HTTP or of any platform; they are named here for the channels.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from bot.errors import ErrorClass
 from bot.turns.inbound import InboundMessage
 from bot.turns.replies import Channel, ReplySink, TurnAddress, UsageAwareSink
@@ -17,10 +19,22 @@ __all__ = [
     "Channel",
     "InboundMessage",
     "ReplySink",
+    "SilentChannel",
     "SilentReplySink",
     "TurnAddress",
     "UsageAwareSink",
 ]
+
+
+@dataclass
+class SilentChannel:
+    """A channel whose clients read the reply from the turn's stream (the HTTP API's
+    event stream, the OpenAI API's HTTP answer): its sinks send nothing."""
+
+    name: str
+
+    def open_reply(self, address: TurnAddress) -> ReplySink:
+        return SilentReplySink()
 
 
 class SilentReplySink:

@@ -1,24 +1,23 @@
-"""What a kind of channel brings to the service: its settings, its routes, its doctor check.
+"""What a kind of channel brings to the service: its settings table, its routes, its doctor check.
 
 Every channel folder has the same files for the same jobs: ``settings.py`` (the
 type of one ``[[section]]`` table, when the channel is configured per instance),
-``routes.py`` (``setup``: its HTTP routes, and one turn ``Channel`` per table
-registered with the turn service) and, for a platform whose credentials can be
-checked from here, ``doctor.py`` (``check``). The folder's ``__init__`` names
-them in a ``ChannelKind``; ``bot.channels.registry`` lists the kinds.
+``routes.py`` (``setup``: its HTTP routes, and its turn channels registered with
+the turn service) and, where the platform's credentials can be checked from
+here, ``doctor.py`` (``check``). The folder's ``__init__`` names them in a
+``ChannelKind``; ``bot.channels.registry`` lists the kinds.
 
-Routes and doctor checks are imported only when used: the settings read the
-kinds' table types, and the routes use the settings, so importing them eagerly
-would be a cycle.
+Routes and doctor checks are imported when used: the settings read the kinds'
+table types, and the routes use the settings, so eager imports would be a cycle.
 """
 
 from __future__ import annotations
 
 import importlib
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Any, Generic, Protocol, TypeVar, cast
+from typing import TYPE_CHECKING, Annotated, Any, Generic, TypeVar, cast
 
 from pydantic import AfterValidator
 
@@ -30,26 +29,11 @@ if TYPE_CHECKING:
     from bot.turns.replies import Channel
     from bot.turns.service import TurnService
 
-
 Table = TypeVar("Table")
 Opened = TypeVar("Opened", bound="Channel")
-
-
-class Routes(Protocol):
-    def setup(
-        self,
-        app: web.Application,
-        settings: Settings,
-        turns: TurnService,
-        http: aiohttp.ClientSession,
-    ) -> None: ...
-
-
-class Doctor(Protocol):
-    async def check(self, http: aiohttp.ClientSession, table: Any, public_url: str | None) -> str:
-        """One line on what the platform says of this table's credentials and webhook;
-        raises ``bot.doctor.report.DoctorFailure`` when something is wrong."""
-        ...
+DoctorCheck = Callable[["aiohttp.ClientSession", Any, "str | None"], Awaitable[str]]
+"""``check(http, table, public_url)``: one line on the platform's view of the table's
+credentials and webhook; raises ``bot.doctor.report.DoctorFailure`` when wrong."""
 
 
 def _names_unique(tables: list[Any]) -> list[Any]:
@@ -77,9 +61,7 @@ class ChannelKind(Generic[Table]):
         return Annotated[list[self.table], AfterValidator(_names_unique)]  # type: ignore[name-defined]
 
     def tables(self, settings: Settings) -> list[Table]:
-        if self.section is None:
-            return []
-        return cast(list[Table], getattr(settings, self.section))
+        return cast(list[Table], getattr(settings, self.section)) if self.section else []
 
     def register(
         self, settings: Settings, turns: TurnService, open_channel: Callable[[Table], Opened]
@@ -90,12 +72,17 @@ class ChannelKind(Generic[Table]):
             turns.register_channel(channel)
         return channels
 
-    @property
-    def routes(self) -> Routes:
-        return cast(Routes, importlib.import_module(f"{self.package}.routes"))
+    def setup(
+        self,
+        app: web.Application,
+        settings: Settings,
+        turns: TurnService,
+        http: aiohttp.ClientSession,
+    ) -> None:
+        importlib.import_module(f"{self.package}.routes").setup(app, settings, turns, http)
 
     @property
-    def doctor(self) -> Doctor | None:
+    def doctor(self) -> DoctorCheck | None:
         if not self.has_doctor:
             return None
-        return cast(Doctor, importlib.import_module(f"{self.package}.doctor"))
+        return cast(DoctorCheck, importlib.import_module(f"{self.package}.doctor").check)

@@ -9,7 +9,7 @@ from typing import Any
 
 import aiohttp
 
-from bot.channels.kind import ChannelKind, Doctor
+from bot.channels.kind import ChannelKind, DoctorCheck
 from bot.channels.registry import CHANNELS
 from bot.config import ConfigError, Settings, load_settings
 from bot.doctor import model, remote, storage
@@ -149,15 +149,15 @@ async def run_doctor(
         for kind, doctor in _checks():
             for table in kind.tables(settings):
 
-                async def platform(doctor: Doctor = doctor, table: Any = table) -> str:
-                    return await doctor.check(http, table, settings.server.public_url)
+                async def platform(doctor: DoctorCheck = doctor, table: Any = table) -> str:
+                    return await doctor(http, table, settings.server.public_url)
 
                 if not await walk.step(f"{kind.name}:{table.name}", platform):
                     return walk.results
     return walk.results
 
 
-def _checks() -> list[tuple[ChannelKind[Any], Doctor]]:
+def _checks() -> list[tuple[ChannelKind[Any], DoctorCheck]]:
     """The channel kinds whose credentials the doctor checks against their platform."""
     return [(kind, kind.doctor) for kind in CHANNELS if kind.doctor is not None]
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from bot.channels.api import CHANNEL
 from bot.channels.api.auth import authenticate_chat
-from bot.channels.api.channel import ApiChannel
 from bot.channels.api.documents import turn_document
 from bot.http.keys import READ_SESSIONS
 from bot.storage.queries import recent_turns
@@ -28,7 +28,7 @@ async def conversation_turns(request: web.Request) -> web.Response:
         turns = await recent_turns(
             session,
             owner=principal.owner,
-            channel=ApiChannel.name,
+            channel=CHANNEL.name,
             conversation_key=key,
             limit=MAX_TURNS,
         )

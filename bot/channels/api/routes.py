@@ -12,11 +12,10 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from bot.apikeys import Principal
-from bot.channels.api import history
+from bot.channels.api import CHANNEL, history
 from bot.channels.api.auth import authenticate_chat
-from bot.channels.api.channel import ApiChannel
 from bot.channels.api.documents import turn_document
-from bot.channels.base import InboundMessage
+from bot.channels.base import InboundMessage, SilentChannel
 from bot.channels.ingress import IngressClock, problems, rate_limited, too_long
 from bot.config import Settings
 from bot.http.body import BodyError, parse_json_object, read_body
@@ -77,7 +76,7 @@ async def post_message(request: web.Request) -> web.StreamResponse:
     try:
         accepted = await turns.accept(
             InboundMessage(
-                channel=ApiChannel.name,
+                channel=CHANNEL.name,
                 event_id=api_event_id(principal.owner, message.conversation_id, message.message_id),
                 owner=principal.owner,
                 conversation_key=message.conversation_id,
@@ -198,7 +197,7 @@ async def _stream_turn(
 def setup(
     app: web.Application, settings: Settings, turns: TurnService, http: aiohttp.ClientSession
 ) -> None:
-    turns.register_channel(ApiChannel())
+    turns.register_channel(SilentChannel(CHANNEL.name))
     readers = EventStreamReaders(settings.server.max_streams_per_key)
     followers = TurnFollowers(app[READ_SESSIONS], turns.streams)
     app[STREAM_READERS] = readers

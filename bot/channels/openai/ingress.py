@@ -21,6 +21,7 @@ from sqlalchemy import delete
 from bot.apikeys import Principal, authenticate
 from bot.channels.base import InboundMessage
 from bot.channels.ingress import IngressClock
+from bot.channels.openai import CHANNEL
 from bot.channels.openai.errors import RequestRefused, bad_request, openai_error
 from bot.channels.openai.messages import Exchange
 from bot.channels.openai.requests import Request, parse
@@ -39,7 +40,7 @@ from bot.storage.models import Conversation
 
 log = structlog.get_logger(__name__)
 
-OPENAI_CHANNEL = "openai"
+OPENAI_CHANNEL = CHANNEL.name
 
 
 def served_model(settings: Settings) -> str:
