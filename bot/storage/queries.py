@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from bot.storage.models import Conversation, InboundEvent, Message, Turn, TurnStatus, utcnow
+from bot.storage.models import Conversation, InboundEvent, Message, Turn, utcnow
 from bot.storage.tokens import unpack_token_ids
 
 
@@ -120,23 +119,6 @@ async def recent_turns(
     return list(reversed(newest.all()))
 
 
-async def next_queued_turn(session: AsyncSession, conversation_id: str) -> Turn | None:
-    return (
-        await session.scalars(
-            select(Turn)
-            .where(Turn.conversation_id == conversation_id, Turn.status == TurnStatus.QUEUED)
-            .order_by(Turn.seq)
-            .limit(1)
-        )
-    ).one_or_none()
-
-
-async def turns_with_status(session: AsyncSession, status: str) -> Sequence[Turn]:
-    return (
-        await session.scalars(select(Turn).where(Turn.status == status).order_by(Turn.created_at))
-    ).all()
-
-
 @dataclass(frozen=True)
 class History:
     """The token-exact history of a conversation, ready to be extended."""
@@ -179,17 +161,6 @@ async def load_history(session: AsyncSession, conversation_id: str) -> History:
         last_role = role
     next_seq = rows[-1][0] + 1 if rows else 0
     return History(prompt, last_assistant, next_seq, ends_with_base=last_role == BASE_ROLE)
-
-
-async def count_messages(session: AsyncSession, conversation_id: str) -> int:
-    return int(
-        await session.scalar(
-            select(func.count())
-            .select_from(Message)
-            .where(Message.conversation_id == conversation_id)
-        )
-        or 0
-    )
 
 
 def as_utc(value: dt.datetime) -> dt.datetime:

@@ -219,15 +219,6 @@ class ChatFormat:
             rebuilt += text_ids
         return rebuilt
 
-    def literal_ids(self, text: str) -> list[int]:
-        """Ids of user-controlled text as the prompt holds it when it carries markers."""
-        return self._literal.encode(self._shape(text))
-
-    @property
-    def control_ids(self) -> frozenset[int]:
-        """Ids of the vocabulary's control (added and special) tokens."""
-        return self._control_ids
-
     # -- prompt building -------------------------------------------------------------
 
     def first_turn(self, content: str) -> UserTurn:

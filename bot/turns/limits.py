@@ -22,7 +22,6 @@ the window has passed.
 
 from __future__ import annotations
 
-import datetime as dt
 import math
 import time
 from collections.abc import Callable
@@ -252,7 +251,3 @@ async def list_overrides(session: AsyncSession) -> list[LimitOverride]:
     return list(
         (await session.scalars(select(LimitOverride).order_by(LimitOverride.subject))).all()
     )
-
-
-def utc_day_start(now: float) -> dt.datetime:
-    return dt.datetime.fromtimestamp(int(now // DAY_S) * DAY_S, dt.UTC)
