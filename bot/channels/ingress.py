@@ -10,8 +10,6 @@ message over a fair-use limit.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 from aiohttp import web
 from pydantic import ValidationError
@@ -25,29 +23,22 @@ from bot.turns.service import TurnService
 from bot.turns.timing import LayerClock
 
 
-class IngressClock:
+class IngressClock(LayerClock):
     """The first two layers of a turn: ``auth`` is the time spent checking who sent the
-    message; ``ingress`` is all the rest before the message is handed over (routing,
-    middleware, reading and parsing the body, finding the conversation)."""
+    message (``measure("auth")``); ``ingress`` is all the rest before the message is
+    handed over (routing, middleware, reading and parsing the body, finding the
+    conversation)."""
 
     def __init__(self, request: web.Request) -> None:
+        super().__init__()
         self._started: float = request.get(REQUEST_STARTED, time.perf_counter())
         self.received_at: float = request.get(REQUEST_RECEIVED_AT, time.time())
-        self._clock = LayerClock()
-
-    @contextmanager
-    def auth(self) -> Iterator[None]:
-        with self._clock.measure("auth"):
-            yield
-
-    def add_auth(self, ms: float) -> None:
-        self._clock.add("auth", ms)
 
     def elapsed_ms(self) -> float:
         return (time.perf_counter() - self._started) * 1000
 
-    def layer_ms(self) -> dict[str, float]:
-        auth_ms = self._clock.layer_ms["auth"]
+    def first_layers(self) -> dict[str, float]:
+        auth_ms = self.layer_ms["auth"]
         return {"ingress": max(0.0, self.elapsed_ms() - auth_ms), "auth": auth_ms}
 
 
@@ -58,21 +49,17 @@ def too_long(text: str, limit: int) -> str | None:
     return f"text has {len(text)} characters; the limit is {limit}"
 
 
-def too_long_notice(length: int, limit: int) -> str:
-    """What a chat user is told when their message is over ``server.max_text_chars``."""
-    return (
-        f"Sorry, your message is too long for me ({length:,} characters; "
-        f"the limit is {limit:,}). Please shorten it."
-    )
-
-
 def declined_too_long(turns: TurnService, message: InboundMessage, limit: int) -> bool:
     """A chat message over the limit is never stored; its sender hears why, in the chat.
 
     True when ``message`` was declined so."""
     if len(message.text) <= limit:
         return False
-    turns.decline(message, ErrorClass.BAD_REQUEST, too_long_notice(len(message.text), limit))
+    notice = (
+        f"Sorry, your message is too long for me ({len(message.text):,} characters; "
+        f"the limit is {limit:,}). Please shorten it."
+    )
+    turns.decline(message, ErrorClass.BAD_REQUEST, notice)
     return True
 
 

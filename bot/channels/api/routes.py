@@ -54,7 +54,7 @@ def _wants_event_stream(request: web.Request) -> bool:
 async def post_message(request: web.Request) -> web.StreamResponse:
     settings = request.app[SETTINGS]
     clock = IngressClock(request)
-    with clock.auth():
+    with clock.measure("auth"):
         principal = await authenticate_chat(request)
     if isinstance(principal, web.Response):
         return principal
@@ -82,7 +82,7 @@ async def post_message(request: web.Request) -> web.StreamResponse:
                 conversation_key=message.conversation_id,
                 text=message.text,
                 user_id=message.user_id,
-                layer_ms=clock.layer_ms(),
+                layer_ms=clock.first_layers(),
                 received_at=clock.received_at,
                 api_key_id=principal.key_id,
             )

@@ -98,7 +98,7 @@ async def admit(request: web.Request, request_type: type[Request]) -> tuple[Admi
     raises ``RequestRefused`` with the OpenAI answer."""
     settings = request.app[SETTINGS]
     clock = IngressClock(request)
-    with clock.auth():
+    with clock.measure("auth"):
         principal = await authenticate_request(request)
     try:
         document = parse_json_object(await read_body(request, settings.server.max_body_bytes))
@@ -163,7 +163,7 @@ async def start_turn(
             conversation_key=thread.conversation_key,
             text=text,
             user_id=user_id,
-            layer_ms=admitted.clock.layer_ms(),
+            layer_ms=admitted.clock.first_layers(),
             received_at=admitted.clock.received_at,
             api_key_id=principal.key_id,
         )

@@ -72,7 +72,7 @@ class SlackRoutes:
         signed = await read_signed_body(request, self._channels, self._max_body)
         if not isinstance(signed, SignedBody):
             return signed
-        clock.add_auth(signed.auth_ms)
+        clock.add("auth", signed.auth_ms)
         try:
             document = load_json(signed.raw)
             parsed = parse_body(document)
@@ -105,7 +105,7 @@ class SlackRoutes:
                 parsed,
                 channel=channel.name,
                 user_name=user_name,
-                layer_ms=clock.layer_ms(),
+                layer_ms=clock.first_layers(),
                 received_at=clock.received_at,
             )
         )

@@ -130,7 +130,7 @@ async def post_update(request: web.Request) -> web.Response:
     bot = request.app[TELEGRAM_BOTS].get(request.match_info["bot_name"])
     if bot is None:
         return json_error(404, "not_found", "no such Telegram bot")
-    with clock.auth():
+    with clock.measure("auth"):
         secret_ok = _secret_ok(request, bot)
     if not secret_ok:
         log.warning("telegram_bad_secret", bot=bot.settings.name)
@@ -181,7 +181,9 @@ async def post_update(request: web.Request) -> web.Response:
     if declined_too_long(request.app[TURNS], parsed, settings.server.max_text_chars):
         log.info("telegram_declined", reason="text too long", **log_fields)
         return web.Response(status=200)
-    message = dataclasses.replace(parsed, layer_ms=clock.layer_ms(), received_at=clock.received_at)
+    message = dataclasses.replace(
+        parsed, layer_ms=clock.first_layers(), received_at=clock.received_at
+    )
     accepted = await request.app[TURNS].accept(message)
     log.info(
         "telegram_accepted", turn_id=accepted.turn_id, duplicate=accepted.duplicate, **log_fields

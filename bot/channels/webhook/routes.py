@@ -64,7 +64,7 @@ class WebhookEvents:
             body = await read_body(request, self._max_body)
         except BodyError as exc:
             return exc.response
-        with clock.auth():
+        with clock.measure("auth"):
             refused = verify_any(
                 channel.accepted_secrets,
                 request.headers.get(TIMESTAMP_HEADER),
@@ -96,7 +96,7 @@ class WebhookEvents:
                     "conversation_id": message.conversation_id,
                     "message_id": message.message_id,
                 },
-                layer_ms=clock.layer_ms(),
+                layer_ms=clock.first_layers(),
                 received_at=clock.received_at,
             )
         )
