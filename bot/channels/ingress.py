@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 
 from aiohttp import web
-from pydantic import ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from bot.errors import ErrorClass
 from bot.http.errors import json_error
@@ -21,6 +21,20 @@ from bot.turns.inbound import InboundMessage
 from bot.turns.limits import Refusal
 from bot.turns.service import TurnService
 from bot.turns.timing import LayerClock
+
+ID_MAX = 200
+"""The longest conversation, message or user id a client may send."""
+
+
+class PostedMessage(BaseModel):
+    """The body of a message posted to the HTTP API (and, with a name, to a webhook)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    conversation_id: str = Field(min_length=1, max_length=ID_MAX)
+    message_id: str = Field(min_length=1, max_length=ID_MAX)
+    text: str = Field(min_length=1)
+    user_id: str | None = Field(default=None, max_length=ID_MAX)
 
 
 class IngressClock(LayerClock):

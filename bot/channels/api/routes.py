@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import aiohttp
 from aiohttp import web
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 
 from bot.apikeys import Principal
 from bot.channels.api import CHANNEL, history
 from bot.channels.api.auth import authenticate_chat
 from bot.channels.api.documents import turn_document
 from bot.channels.base import InboundMessage, SilentChannel
-from bot.channels.ingress import IngressClock, problems, rate_limited, too_long
+from bot.channels.ingress import IngressClock, PostedMessage, problems, rate_limited, too_long
 from bot.config import Settings
 from bot.http.body import BodyError, parse_json_object, read_body
 from bot.http.errors import json_error
@@ -35,17 +35,6 @@ from bot.storage.queries import get_turn_for_owner
 from bot.turns.followers import TurnFollowers
 from bot.turns.service import TurnService, api_event_id
 
-ID_MAX = 200
-
-
-class MessageIn(BaseModel):
-    model_config = ConfigDict(extra="forbid", str_strip_whitespace=False)
-
-    conversation_id: str = Field(min_length=1, max_length=ID_MAX)
-    message_id: str = Field(min_length=1, max_length=ID_MAX)
-    text: str = Field(min_length=1)
-    user_id: str | None = Field(default=None, max_length=ID_MAX)
-
 
 def _wants_event_stream(request: web.Request) -> bool:
     return "text/event-stream" in request.headers.get("Accept", "")
@@ -60,7 +49,7 @@ async def post_message(request: web.Request) -> web.StreamResponse:
         return principal
     try:
         document = parse_json_object(await read_body(request, settings.server.max_body_bytes))
-        message = MessageIn.model_validate(document)
+        message = PostedMessage.model_validate(document)
     except BodyError as exc:
         return exc.response
     except ValidationError as exc:

@@ -7,6 +7,7 @@ from typing import Any
 import aiohttp
 
 from bot.channels.telegram.api import TelegramApi, TelegramApiError
+from bot.channels.telegram.cli import webhook_url
 from bot.channels.telegram.settings import TelegramBotSettings
 from bot.doctor.report import CONFIG, DoctorFailure
 from bot.errors import ErrorClass
@@ -16,14 +17,6 @@ _TELEGRAM_HINTS = {
     ErrorClass.NETWORK: "api.telegram.org is unreachable from here: DNS, firewall or proxy",
     ErrorClass.TIMEOUT: "api.telegram.org did not answer in time: firewall or proxy",
 }
-
-
-def expected_telegram_webhook(public_url: str | None, bot: TelegramBotSettings) -> str | None:
-    if not public_url:
-        return None
-    from bot.channels.telegram.cli import webhook_url
-
-    return webhook_url(public_url, bot.name)
 
 
 async def check(
@@ -43,7 +36,7 @@ async def check(
     set_webhook = f"run `botctl telegram set-webhook {bot.name} --url https://<public host>`"
     if not url:
         raise DoctorFailure(CONFIG, f"@{username}: no webhook is set", set_webhook)
-    expected = expected_telegram_webhook(public_url, bot)
+    expected = webhook_url(public_url, bot.name) if public_url else None
     path = f"/telegram/{bot.name}"
     if (expected is not None and url != expected) or (expected is None and not url.endswith(path)):
         raise DoctorFailure(

@@ -17,10 +17,17 @@ from __future__ import annotations
 import aiohttp
 import structlog
 from aiohttp import web
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 
 from bot.channels.base import InboundMessage
-from bot.channels.ingress import IngressClock, problems, rate_limited, too_long
+from bot.channels.ingress import (
+    ID_MAX,
+    IngressClock,
+    PostedMessage,
+    problems,
+    rate_limited,
+    too_long,
+)
 from bot.channels.webhook import CHANNEL
 from bot.channels.webhook.channel import WebhookChannel
 from bot.channels.webhook.signing import SIGNATURE_HEADER, TIMESTAMP_HEADER, verify_any
@@ -31,16 +38,8 @@ from bot.turns.service import TurnService
 
 log = structlog.get_logger(__name__)
 
-ID_MAX = 200
 
-
-class WebhookMessage(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    conversation_id: str = Field(min_length=1, max_length=ID_MAX)
-    message_id: str = Field(min_length=1, max_length=ID_MAX)
-    text: str = Field(min_length=1)
-    user_id: str | None = Field(default=None, max_length=ID_MAX)
+class WebhookMessage(PostedMessage):
     user_name: str | None = Field(default=None, max_length=ID_MAX)
     """When set, the model sees ``"{user_name}: {text}"`` (for group conversations)."""
 
