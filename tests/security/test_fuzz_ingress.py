@@ -41,15 +41,14 @@ from tests.telegram.conftest import bot_table
 from tests.webhook.conftest import SECRET as WEBHOOK_SECRET
 from tests.webhook.conftest import Receiver, webhook_settings
 
-FIXTURES = Path(__file__).parent.parent / "fixtures"
+TELEGRAM_FIXTURES = Path(__file__).parent.parent / "telegram" / "fixtures"
+SLACK_FIXTURES = Path(__file__).parent.parent / "slack" / "fixtures"
 TELEGRAM_UPDATES = [
-    json.loads(path.read_text()) for path in sorted((FIXTURES / "telegram").glob("*.json"))
+    json.loads(path.read_text()) for path in sorted(TELEGRAM_FIXTURES.glob("*.json"))
 ]
-SLACK_EVENTS = [
-    json.loads(path.read_text()) for path in sorted((FIXTURES / "slack").glob("*.json"))
-]
+SLACK_EVENTS = [json.loads(path.read_text()) for path in sorted(SLACK_FIXTURES.glob("*.json"))]
 SLACK_COMMAND = dict(
-    parse_qsl((FIXTURES / "slack" / "slash_command_new_in_dm.txt").read_text().strip())
+    parse_qsl((SLACK_FIXTURES / "slash_command_new_in_dm.txt").read_text().strip())
 )
 API_MESSAGE = {"conversation_id": "fuzz", "message_id": "m1", "text": "Hello", "user_id": "u1"}
 WEBHOOK_MESSAGE = {**API_MESSAGE, "user_name": "Alice"}

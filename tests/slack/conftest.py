@@ -19,7 +19,7 @@ from bot.channels.slack.settings import SlackAppSettings
 from bot.http.keys import TURNS
 from tests.fakes.slack_api import FakeSlackApi
 
-FIXTURES = Path(__file__).parent.parent / "fixtures" / "slack"
+FIXTURES = Path(__file__).parent / "fixtures"
 TOKEN = "xoxb-test-0001"
 TEAM = "T0001TEAM"
 APP_ID = "A0001APP"

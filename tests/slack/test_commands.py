@@ -1,6 +1,6 @@
 """Slash commands end to end: signed ``/new`` and ``/stop`` forms -> the real app and engine.
 
-Forms are built from a real-shaped payload (``tests/fixtures/slack``) and signed
+Forms are built from a real-shaped payload (``tests/slack/fixtures``) and signed
 with slack_sdk's own ``SignatureVerifier.generate_signature``, like the events
 in ``test_e2e.py``, whose helpers these tests share.
 """

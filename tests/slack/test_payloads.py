@@ -1,4 +1,4 @@
-"""Events API payloads (real shapes, in tests/fixtures/slack) -> answer or explicit ignore."""
+"""Events API payloads (real shapes, in tests/slack/fixtures) -> answer or explicit ignore."""
 
 from __future__ import annotations
 

@@ -21,7 +21,7 @@ from bot.storage.models import Turn
 from tests.fakes.telegram_api import FakeTelegram
 from tests.helpers import load_turns
 
-FIXTURES = Path(__file__).parent.parent / "fixtures" / "telegram"
+FIXTURES = Path(__file__).parent / "fixtures"
 BOT_TOKEN = "7000000001:AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw"
 BOT_USERNAME = "TestChatBot"
 PRIVATE_CHAT = 111111111
