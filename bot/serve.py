@@ -43,10 +43,6 @@ READY_WAIT_S = 60.0
 Addresses = list[Any]
 
 
-class NotReady(RuntimeError):
-    pass
-
-
 def main_runner(app: web.Application, server: ServerSettings) -> web.AppRunner:
     """The runner of the main app, as ``serve`` runs it (tests serve the app the same way).
 

@@ -15,6 +15,7 @@ from collections.abc import Callable
 import structlog
 
 from bot.channels.slack.api import SlackApi, SlackCallError
+from bot.channels.slack.settings import DEFAULT_USER_CACHE_SIZE
 
 log = structlog.get_logger(__name__)
 
@@ -26,7 +27,7 @@ class UserNames:
         *,
         ttl_s: float,
         timeout_s: float,
-        max_entries: int = 5000,
+        max_entries: int = DEFAULT_USER_CACHE_SIZE,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._api = api
@@ -35,7 +36,6 @@ class UserNames:
         self._max_entries = max_entries
         self._clock = clock
         self._cache: OrderedDict[tuple[str, str], tuple[float, str]] = OrderedDict()
-        self.lookups = 0
 
     async def name(self, team_id: str, user_id: str) -> str:
         key = (team_id, user_id)
@@ -43,7 +43,6 @@ class UserNames:
         if hit is not None and hit[0] > self._clock():
             self._cache.move_to_end(key)
             return hit[1]
-        self.lookups += 1
         try:
             async with asyncio.timeout(self._timeout_s):
                 data = await self._api.users_info(user_id)
