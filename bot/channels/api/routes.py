@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from bot.apikeys import Principal
 from bot.channels.api import CHANNEL, history
 from bot.channels.api.auth import authenticate_chat
-from bot.channels.api.documents import turn_document
+from bot.channels.api.history import turn_document
 from bot.channels.base import InboundMessage, SilentChannel
 from bot.channels.ingress import IngressClock, PostedMessage, problems, rate_limited, too_long
 from bot.config import Settings
