@@ -4,8 +4,7 @@ Every channel folder has the same files for the same jobs: ``settings.py`` (the
 type of one ``[[section]]`` table, when the channel is configured per instance),
 ``routes.py`` (``setup``: its HTTP routes, and its turn channels registered with
 the turn service) and, where the platform's credentials can be checked from
-here, ``doctor.py`` (``check``). The folder's ``__init__`` names them in a
-``ChannelKind``; ``bot.channels.registry`` lists the kinds.
+here, ``doctor.py`` (``check``). ``bot.channels.registry`` lists the kinds.
 
 Routes and doctor checks are imported when used: the settings read the kinds'
 table types, and the routes use the settings, so eager imports would be a cycle.
@@ -48,9 +47,8 @@ def _names_unique(tables: list[Any]) -> list[Any]:
 @dataclass(frozen=True)
 class ChannelKind(Generic[Table]):
     name: str
-    """The prefix of its turn channels' names (``telegram`` of ``telegram:support``)."""
-    package: str
-    """The channel's folder, as a module name (``__name__`` of its ``__init__``)."""
+    """Its folder under ``bot/channels``, and the prefix of its turn channels' names
+    (``telegram`` of ``telegram:support``)."""
     section: str | None = None
     """The settings key of its ``[[tables]]``, one per configured instance."""
     table: type[Table] | None = None
@@ -79,10 +77,12 @@ class ChannelKind(Generic[Table]):
         turns: TurnService,
         http: aiohttp.ClientSession,
     ) -> None:
-        importlib.import_module(f"{self.package}.routes").setup(app, settings, turns, http)
+        importlib.import_module(f"bot.channels.{self.name}.routes").setup(
+            app, settings, turns, http
+        )
 
     @property
     def doctor(self) -> DoctorCheck | None:
         if not self.has_doctor:
             return None
-        return cast(DoctorCheck, importlib.import_module(f"{self.package}.doctor").check)
+        return cast(DoctorCheck, importlib.import_module(f"bot.channels.{self.name}.doctor").check)

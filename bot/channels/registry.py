@@ -1,20 +1,21 @@
-"""Every kind of channel the service answers on, in one list.
+"""Every kind of channel the service answers on, in one list (in the doctor's order).
 
 A new platform is one folder (``bot.channels.kind`` says which files) and one line here.
-The order is the order of the doctor's checks.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from bot.channels import api, openai, slack, telegram, webhook
 from bot.channels.kind import ChannelKind
+from bot.channels.slack.settings import SlackAppSettings
+from bot.channels.telegram.settings import TelegramBotSettings
+from bot.channels.webhook.settings import WebhookSettings
 
-CHANNELS: list[ChannelKind[Any]] = [
-    telegram.CHANNEL,
-    slack.CHANNEL,
-    webhook.CHANNEL,
-    api.CHANNEL,
-    openai.CHANNEL,
-]
+TELEGRAM = ChannelKind("telegram", "telegram", TelegramBotSettings, has_doctor=True)
+SLACK = ChannelKind("slack", "slack", SlackAppSettings, has_doctor=True)
+WEBHOOK = ChannelKind("webhook", "webhooks", WebhookSettings)
+API: ChannelKind[None] = ChannelKind("api")
+OPENAI: ChannelKind[None] = ChannelKind("openai")
+
+CHANNELS: list[ChannelKind[Any]] = [TELEGRAM, SLACK, WEBHOOK, API, OPENAI]

@@ -12,8 +12,8 @@ from typing import Any
 
 from aiohttp import web
 
-from bot.channels.api import CHANNEL
 from bot.channels.api.auth import authenticate_chat
+from bot.channels.registry import API
 from bot.errors import USER_MESSAGES, ErrorClass
 from bot.http.keys import READ_SESSIONS
 from bot.storage.models import Turn
@@ -64,7 +64,7 @@ async def conversation_turns(request: web.Request) -> web.Response:
         turns = await recent_turns(
             session,
             owner=principal.owner,
-            channel=CHANNEL.name,
+            channel=API.name,
             conversation_key=key,
             limit=MAX_TURNS,
         )

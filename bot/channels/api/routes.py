@@ -12,11 +12,12 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from bot.apikeys import Principal
-from bot.channels.api import CHANNEL, history
+from bot.channels.api import history
 from bot.channels.api.auth import authenticate_chat
 from bot.channels.api.history import turn_document
 from bot.channels.base import InboundMessage, SilentChannel
 from bot.channels.ingress import IngressClock, PostedMessage, problems, rate_limited, too_long
+from bot.channels.registry import API
 from bot.config import Settings
 from bot.http.body import BodyError, parse_json_object, read_body
 from bot.http.errors import json_error
@@ -65,7 +66,7 @@ async def post_message(request: web.Request) -> web.StreamResponse:
     try:
         accepted = await turns.accept(
             InboundMessage(
-                channel=CHANNEL.name,
+                channel=API.name,
                 event_id=api_event_id(principal.owner, message.conversation_id, message.message_id),
                 owner=principal.owner,
                 conversation_key=message.conversation_id,
@@ -186,7 +187,7 @@ async def _stream_turn(
 def setup(
     app: web.Application, settings: Settings, turns: TurnService, http: aiohttp.ClientSession
 ) -> None:
-    turns.register_channel(SilentChannel(CHANNEL.name))
+    turns.register_channel(SilentChannel(API.name))
     readers = EventStreamReaders(settings.server.max_streams_per_key)
     followers = TurnFollowers(app[READ_SESSIONS], turns.streams)
     app[STREAM_READERS] = readers

@@ -21,11 +21,11 @@ from sqlalchemy import delete
 from bot.apikeys import Principal, authenticate
 from bot.channels.base import InboundMessage
 from bot.channels.ingress import IngressClock
-from bot.channels.openai import CHANNEL
 from bot.channels.openai.errors import RequestRefused, bad_request, openai_error
 from bot.channels.openai.messages import Exchange
 from bot.channels.openai.requests import Request, parse
 from bot.channels.openai.threads import Continuation, Thread, record, resolve
+from bot.channels.registry import OPENAI
 from bot.config import Settings
 from bot.errors import ErrorClass
 from bot.http.body import BodyError, parse_json_object, read_body
@@ -40,7 +40,7 @@ from bot.storage.models import Conversation
 
 log = structlog.get_logger(__name__)
 
-OPENAI_CHANNEL = CHANNEL.name
+OPENAI_CHANNEL = OPENAI.name
 
 
 def served_model(settings: Settings) -> str:

@@ -25,7 +25,7 @@ import structlog
 from aiohttp import web
 
 from bot.channels.ingress import IngressClock, declined_too_long, too_long
-from bot.channels.slack import CHANNEL
+from bot.channels.registry import SLACK
 from bot.channels.slack.channel import SlackChannel
 from bot.channels.slack.commands import (
     HELP_TEXT,
@@ -201,7 +201,7 @@ def _ephemeral(text: str) -> web.Response:
 def setup(
     app: web.Application, settings: Settings, turns: TurnService, http: aiohttp.ClientSession
 ) -> None:
-    channels = CHANNEL.register(settings, turns, lambda table: SlackChannel(table, http))
+    channels = SLACK.register(settings, turns, lambda table: SlackChannel(table, http))
     if channels:
         routes = SlackRoutes(channels, turns, settings)
         app.router.add_post(EVENTS_PATH, routes.events)

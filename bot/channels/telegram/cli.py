@@ -18,7 +18,7 @@ from typing import Any
 import aiohttp
 import click
 
-from bot.channels.telegram import CHANNEL
+from bot.channels.registry import TELEGRAM
 from bot.channels.telegram.api import TelegramApi, TelegramApiError
 from bot.channels.telegram.payloads import HANDLED_UPDATE_TYPES
 from bot.channels.telegram.settings import TelegramBotSettings
@@ -41,7 +41,7 @@ def _settings(ctx: click.Context) -> Settings:
 
 
 def _bot(ctx: click.Context, name: str) -> TelegramBotSettings:
-    bots = {bot.name: bot for bot in CHANNEL.tables(_settings(ctx))}
+    bots = {bot.name: bot for bot in TELEGRAM.tables(_settings(ctx))}
     if name not in bots:
         known = ", ".join(sorted(bots)) or "none configured"
         raise click.ClickException(f"no [[telegram]] bot named {name!r} (known: {known})")

@@ -23,7 +23,7 @@ import structlog
 from aiohttp import web
 
 from bot.channels.ingress import IngressClock, declined_too_long
-from bot.channels.telegram import CHANNEL
+from bot.channels.registry import TELEGRAM
 from bot.channels.telegram.api import TelegramApi, TelegramApiError
 from bot.channels.telegram.channel import TelegramChannel
 from bot.channels.telegram.commands import run_command
@@ -194,7 +194,7 @@ async def post_update(request: web.Request) -> web.Response:
 def setup(
     app: web.Application, settings: Settings, turns: TurnService, http: aiohttp.ClientSession
 ) -> None:
-    channels = CHANNEL.register(
+    channels = TELEGRAM.register(
         settings,
         turns,
         lambda table: TelegramChannel(table, TelegramApi.from_settings(http, table)),

@@ -28,7 +28,7 @@ from bot.channels.ingress import (
     rate_limited,
     too_long,
 )
-from bot.channels.webhook import CHANNEL
+from bot.channels.registry import WEBHOOK
 from bot.channels.webhook.channel import WebhookChannel
 from bot.channels.webhook.signing import SIGNATURE_HEADER, TIMESTAMP_HEADER, verify_any
 from bot.config import Settings
@@ -116,6 +116,6 @@ class WebhookEvents:
 def setup(
     app: web.Application, settings: Settings, turns: TurnService, http: aiohttp.ClientSession
 ) -> None:
-    channels = CHANNEL.register(settings, turns, lambda table: WebhookChannel(table, http))
+    channels = WEBHOOK.register(settings, turns, lambda table: WebhookChannel(table, http))
     if channels:
         app.router.add_post("/webhooks/{name}", WebhookEvents(channels, turns, settings).handle)
