@@ -49,7 +49,6 @@ class TelegramBot:
 
     settings: TelegramBotSettings
     api: TelegramApi
-    channel: TelegramChannel
     identity: BotIdentity | None = None
     recent_commands: OrderedDict[int, None] = field(default_factory=OrderedDict)
     notices: set[asyncio.Task[None]] = field(default_factory=set)
@@ -199,7 +198,7 @@ def setup(
         turns,
         lambda table: TelegramChannel(table, TelegramApi.from_settings(http, table)),
     )
-    bots = {bot.settings.name: TelegramBot(bot.settings, bot.api, bot) for bot in channels}
+    bots = {bot.settings.name: TelegramBot(bot.settings, bot.api) for bot in channels}
     for bot in channels:
         if bot.settings.secret_token is None:
             log.warning(

@@ -50,8 +50,7 @@ class WebhookEvents:
     ) -> None:
         self._channels = {channel.settings.name: channel for channel in channels}
         self._turns = turns
-        self._max_body = settings.server.max_body_bytes
-        self._max_text = settings.server.max_text_chars
+        self._server = settings.server
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         clock = IngressClock(request)
@@ -60,7 +59,7 @@ class WebhookEvents:
         if channel is None:
             return json_error(404, "not_found", f"no webhook integration named {name!r}")
         try:
-            body = await read_body(request, self._max_body)
+            body = await read_body(request, self._server.max_body_bytes)
         except BodyError as exc:
             return exc.response
         with clock.measure("auth"):
@@ -79,7 +78,7 @@ class WebhookEvents:
             return exc.response
         except ValidationError as exc:
             return json_error(400, "bad_request", problems(exc))
-        if (reason := too_long(message.text, self._max_text)) is not None:
+        if (reason := too_long(message.text, self._server.max_text_chars)) is not None:
             return json_error(400, "bad_request", reason)
 
         accepted = await self._turns.accept(
