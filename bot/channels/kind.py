@@ -22,7 +22,6 @@ from pydantic import AfterValidator
 
 if TYPE_CHECKING:
     import aiohttp
-    from aiohttp import web
 
     from bot.config import Settings
     from bot.turns.replies import Channel
@@ -70,19 +69,11 @@ class ChannelKind(Generic[Table]):
             turns.register_channel(channel)
         return channels
 
-    def setup(
-        self,
-        app: web.Application,
-        settings: Settings,
-        turns: TurnService,
-        http: aiohttp.ClientSession,
-    ) -> None:
-        importlib.import_module(f"bot.channels.{self.name}.routes").setup(
-            app, settings, turns, http
-        )
+    def routes(self) -> Any:
+        """Its ``routes`` module: ``setup(app, settings, turns, http)``."""
+        return importlib.import_module(f"bot.channels.{self.name}.routes")
 
     @property
     def doctor(self) -> DoctorCheck | None:
-        if not self.has_doctor:
-            return None
-        return cast(DoctorCheck, importlib.import_module(f"bot.channels.{self.name}.doctor").check)
+        module = f"bot.channels.{self.name}.doctor"
+        return cast(DoctorCheck, importlib.import_module(module).check) if self.has_doctor else None

@@ -202,7 +202,7 @@ async def create_app(
 
     app.cleanup_ctx.append(lifetime)
     for kind in CHANNELS:
-        kind.setup(app, settings, turns, http)
+        kind.routes().setup(app, settings, turns, http)
     web_page.setup(app)
     openapi.setup(app)
     return app

@@ -62,14 +62,13 @@ class SlackRoutes:
     ) -> None:
         self._channels = channels
         self._turns = turns
-        self._max_body = settings.server.max_body_bytes
-        self._max_text = settings.server.max_text_chars
+        self._server = settings.server
 
     async def events(self, request: web.Request) -> web.StreamResponse:
         clock = IngressClock(request)
         retry_num = request.headers.get("X-Slack-Retry-Num")
         retry_reason = request.headers.get("X-Slack-Retry-Reason")
-        signed = await read_signed_body(request, self._channels, self._max_body)
+        signed = await read_signed_body(request, self._channels, self._server.max_body_bytes)
         if not isinstance(signed, SignedBody):
             return signed
         clock.add("auth", signed.auth_ms)
@@ -90,8 +89,8 @@ class SlackRoutes:
             _log_ignored(channel, parsed, retry_num, warn=parsed.unknown)
             return web.Response(status=200)
         unnamed = to_inbound(parsed, channel=channel.name, user_name=None)
-        if declined_too_long(self._turns, unnamed, self._max_text):
-            reason = too_long(parsed.text, self._max_text) or ""
+        if declined_too_long(self._turns, unnamed, self._server.max_text_chars):
+            reason = too_long(parsed.text, self._server.max_text_chars) or ""
             _log_ignored(
                 channel, Ignored(reason, "too_long", parsed.event_id), retry_num, warn=True
             )
@@ -131,9 +130,9 @@ class SlackRoutes:
         Request URL, whose check is JSON) points here, and the 400 makes Slack's
         URL check fail where the admin is looking.
         """
-        if await _is_ssl_check(request, self._max_body):
+        if await _is_ssl_check(request, self._server.max_body_bytes):
             return web.Response(status=200)
-        signed = await read_signed_body(request, self._channels, self._max_body)
+        signed = await read_signed_body(request, self._channels, self._server.max_body_bytes)
         if not isinstance(signed, SignedBody):
             return signed
         if request.content_type != FORM_CONTENT_TYPE:
