@@ -12,6 +12,7 @@ from typing import Any
 from aiohttp import ClientResponse
 from sqlalchemy import func, select
 
+from bot.apikeys import create_key
 from bot.storage.db import create_engine, create_sessionmaker
 from bot.storage.models import Conversation, InboundEvent, Message, Turn
 from bot.storage.tokens import unpack_token_ids
@@ -155,3 +156,12 @@ async def refusal(response: Any, status: int) -> dict[str, Any]:
     body: dict[str, Any] = await response.json()
     assert set(body) >= {"error", "reason"}
     return body
+
+
+async def admin_key(db_url: str) -> str:
+    engine = create_engine(db_url)
+    try:
+        async with create_sessionmaker(engine)() as session, session.begin():
+            return (await create_key(session, name="ops", scopes=("admin",))).key
+    finally:
+        await engine.dispose()

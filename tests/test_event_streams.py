@@ -20,11 +20,11 @@ from sqlalchemy import event
 from bot.config import EngineSettings
 from bot.http.app import create_app
 from bot.http.keys import SESSIONS, STREAM_READERS, TURN_FOLLOWERS
-from bot.storage.db import create_engine, create_sessionmaker, is_sqlite
+from bot.storage.db import is_sqlite
 from bot.turns.chat_format import ChatFormat
 from tests.conftest import issue_key, make_settings
 from tests.engines import GatedEngine
-from tests.helpers import auth, count_rows, read_sse, wait_until
+from tests.helpers import admin_key, auth, count_rows, read_sse, wait_until
 from tests.ops.helpers import samples, value
 from tests.production_server import serving
 
@@ -94,17 +94,6 @@ async def post(http: aiohttp.ClientSession, key: str, message_id: str) -> str:
     ) as response:
         assert response.status == 202, await response.text()
         return str((await response.json())["turn_id"])
-
-
-async def admin_key(db_url: str) -> str:
-    from bot.apikeys import create_key
-
-    engine = create_engine(db_url)
-    try:
-        async with create_sessionmaker(engine)() as session, session.begin():
-            return (await create_key(session, name="ops", scopes=("admin",))).key
-    finally:
-        await engine.dispose()
 
 
 async def test_readers_of_a_queued_turn_who_leave_stop_at_once_and_stop_polling(

@@ -9,9 +9,7 @@ from aiohttp.test_utils import TestClient
 from click.testing import CliRunner, Result
 from prometheus_client.parser import text_string_to_metric_families
 
-from bot.apikeys import create_key
 from bot.cli import main
-from bot.storage.db import create_engine, create_sessionmaker
 from tests.helpers import auth, read_sse
 
 
@@ -51,12 +49,3 @@ def value(
     values: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str, **labels: str
 ) -> float:
     return values.get((name, frozenset(labels.items())), 0.0)
-
-
-async def admin_key(db_url: str) -> str:
-    engine = create_engine(db_url)
-    try:
-        async with create_sessionmaker(engine)() as session, session.begin():
-            return (await create_key(session, name="ops", scopes=("admin",))).key
-    finally:
-        await engine.dispose()

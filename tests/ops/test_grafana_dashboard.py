@@ -9,8 +9,8 @@ from typing import Any
 
 from bot.http.keys import TURNS
 from tests.conftest import MakeClient, issue_key
-from tests.helpers import auth
-from tests.ops.helpers import admin_key, chat, samples
+from tests.helpers import admin_key, auth
+from tests.ops.helpers import chat, samples
 
 DASHBOARD = Path(__file__).parents[2] / "deploy" / "grafana" / "llm-chat-bot.json"
 DATASOURCE = {"type": "prometheus", "uid": "${DS_PROMETHEUS}"}

@@ -15,8 +15,8 @@ from bot.errors import EngineError, ErrorClass
 from bot.http.keys import TURNS
 from bot.metrics import note_rate_limited
 from tests.conftest import POSTGRES_ADMIN_DSN, MakeClient, issue_key
-from tests.helpers import auth, load_turns
-from tests.ops.helpers import admin_key, chat, samples, value
+from tests.helpers import admin_key, auth, load_turns
+from tests.ops.helpers import chat, samples, value
 
 
 class SickEngine:

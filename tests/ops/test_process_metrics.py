@@ -9,8 +9,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bot.http.keys import TURNS
 from tests.conftest import MakeClient, issue_key
-from tests.helpers import auth
-from tests.ops.helpers import admin_key, chat, samples
+from tests.helpers import admin_key, auth
+from tests.ops.helpers import chat, samples
 
 VLLM_WAIT_S = 10.0  # vLLM's stat logger records a step's stats just after its outputs
 

@@ -49,8 +49,9 @@ async def http() -> AsyncIterator[aiohttp.ClientSession]:
         yield session
 
 
-def app_settings(base_url: str, **overrides: Any) -> SlackAppSettings:
-    values: dict[str, Any] = {
+def app_table(base_url: str, **overrides: Any) -> dict[str, Any]:
+    """One ``[[slack]]`` table of the test app, pointed at the fake Web API."""
+    return {
         "name": "main",
         "signing_secret": SIGNING_SECRET,
         "bot_token": TOKEN,
@@ -61,7 +62,10 @@ def app_settings(base_url: str, **overrides: Any) -> SlackAppSettings:
         "post_interval_s": 0.05,
         **overrides,
     }
-    return SlackAppSettings(**values)
+
+
+def app_settings(base_url: str, **overrides: Any) -> SlackAppSettings:
+    return SlackAppSettings(**app_table(base_url, **overrides))
 
 
 MakeChannel = Callable[..., SlackChannel]
@@ -76,28 +80,12 @@ def make_channel(slack_api: FakeSlackApi, http: aiohttp.ClientSession) -> MakeCh
 
 
 CHANNEL = "C0001CHAN"
-
-
 DM = "D0001DM"
-
-
 THREAD = "1700000001.000100"
 
 
 def slack_section(base_url: str, **overrides: Any) -> list[dict[str, Any]]:
-    return [
-        {
-            "name": "main",
-            "signing_secret": SIGNING_SECRET,
-            "bot_token": TOKEN,
-            "api_base_url": base_url,
-            "app_id": APP_ID,
-            "stream_interval_s": 0.05,
-            "update_interval_s": 0.05,
-            "post_interval_s": 0.05,
-            **overrides,
-        }
-    ]
+    return [app_table(base_url, **overrides)]
 
 
 async def post_event(
