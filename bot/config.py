@@ -146,11 +146,7 @@ else:
         "Settings",
         __base__=CoreSettings,
         __module__=__name__,
-        **{
-            kind.section: (kind.settings_field(), Field(default_factory=list))
-            for kind in CHANNELS
-            if kind.section is not None
-        },
+        **{kind.section: kind.settings_field() for kind in CHANNELS if kind.section},
     )
 
 

@@ -10,17 +10,22 @@ message over a fair-use limit.
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING, TypeVar
 
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from bot.errors import ErrorClass
+from bot.http.body import BodyError, parse_json_object, read_body
 from bot.http.errors import json_error
 from bot.http.keys import REQUEST_RECEIVED_AT, REQUEST_STARTED
 from bot.turns.inbound import InboundMessage
 from bot.turns.limits import Refusal
 from bot.turns.service import TurnService
 from bot.turns.timing import LayerClock
+
+if TYPE_CHECKING:
+    from bot.config import ServerSettings
 
 ID_MAX = 200
 """The longest conversation, message or user id a client may send."""
@@ -35,6 +40,9 @@ class PostedMessage(BaseModel):
     message_id: str = Field(min_length=1, max_length=ID_MAX)
     text: str = Field(min_length=1)
     user_id: str | None = Field(default=None, max_length=ID_MAX)
+
+
+Posted = TypeVar("Posted", bound=PostedMessage)
 
 
 class IngressClock(LayerClock):
@@ -77,12 +85,21 @@ def declined_too_long(turns: TurnService, message: InboundMessage, limit: int) -
     return True
 
 
-def problems(exc: ValidationError) -> str:
-    """A pydantic error as one line a client can act on: ``field: what is wrong; ...``."""
-    return "; ".join(
-        f"{'.'.join(str(part) for part in item['loc']) or 'body'}: {item['msg']}"
-        for item in exc.errors()
-    )
+async def read_posted(
+    request: web.Request, model: type[Posted], server: ServerSettings, body: bytes | None = None
+) -> Posted | web.Response:
+    """The message a client posted (``body``, if already read), or the refusal to answer
+    (413 or 408 for the body, 400 for bad JSON, a wrong field or a text over the limit)."""
+    try:
+        raw = body if body is not None else await read_body(request, server.max_body_bytes)
+        message = model.model_validate(parse_json_object(raw))
+    except BodyError as exc:
+        return exc.response
+    except ValidationError as exc:  # every problem on one line: ``field: what is wrong; ...``
+        problems = (f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}" for e in exc.errors())
+        return json_error(400, "bad_request", "; ".join(problems))
+    reason = too_long(message.text, server.max_text_chars)
+    return message if reason is None else json_error(400, "bad_request", reason)
 
 
 def rate_limited(refusal: Refusal) -> web.Response:

@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, Generic, TypeVar, cast
 
-from pydantic import AfterValidator
+from pydantic import AfterValidator, Field
 
 if TYPE_CHECKING:
     import aiohttp
@@ -53,9 +53,10 @@ class ChannelKind(Generic[Table]):
     table: type[Table] | None = None
     has_doctor: bool = False
 
-    def settings_field(self) -> Any:
-        """The field type of ``section`` in ``bot.config.Settings``."""
-        return Annotated[list[self.table], AfterValidator(_names_unique)]  # type: ignore[name-defined]
+    def settings_field(self) -> tuple[Any, Any]:
+        """The type and default of ``section`` in ``bot.config.Settings``."""
+        field_type = Annotated[list[self.table], AfterValidator(_names_unique)]  # type: ignore[name-defined]
+        return field_type, Field(default_factory=list)
 
     def tables(self, settings: Settings) -> list[Table]:
         return cast(list[Table], getattr(settings, self.section)) if self.section else []

@@ -9,17 +9,15 @@ from __future__ import annotations
 
 import aiohttp
 from aiohttp import web
-from pydantic import ValidationError
 
 from bot.apikeys import Principal
 from bot.channels.api import history
 from bot.channels.api.auth import authenticate_chat
 from bot.channels.api.history import turn_document
 from bot.channels.base import InboundMessage, SilentChannel
-from bot.channels.ingress import IngressClock, PostedMessage, problems, rate_limited, too_long
+from bot.channels.ingress import IngressClock, PostedMessage, rate_limited, read_posted
 from bot.channels.registry import API
 from bot.config import Settings
-from bot.http.body import BodyError, parse_json_object, read_body
 from bot.http.errors import json_error
 from bot.http.keys import (
     READ_SESSIONS,
@@ -48,15 +46,9 @@ async def post_message(request: web.Request) -> web.StreamResponse:
         principal = await authenticate_chat(request)
     if isinstance(principal, web.Response):
         return principal
-    try:
-        document = parse_json_object(await read_body(request, settings.server.max_body_bytes))
-        message = PostedMessage.model_validate(document)
-    except BodyError as exc:
-        return exc.response
-    except ValidationError as exc:
-        return json_error(400, "bad_request", problems(exc))
-    if (reason := too_long(message.text, settings.server.max_text_chars)) is not None:
-        return json_error(400, "bad_request", reason)
+    message = await read_posted(request, PostedMessage, settings.server)
+    if isinstance(message, web.Response):
+        return message
 
     # A streamed answer needs a stream slot: over the key's cap, nothing is stored.
     slot = _reserve_stream(request, principal) if _wants_event_stream(request) else None

@@ -40,8 +40,6 @@ from bot.storage.models import Conversation
 
 log = structlog.get_logger(__name__)
 
-OPENAI_CHANNEL = OPENAI.name
-
 
 def served_model(settings: Settings) -> str:
     """The model id clients name: ``engine.served_model_name``, else the model (folder name)."""
@@ -120,7 +118,7 @@ async def find_thread(
         thread = await resolve(
             session,
             owner=admitted.principal.owner,
-            channel=OPENAI_CHANNEL,
+            channel=OPENAI.name,
             exchanges=exchanges,
             chat_format=request.app[CHAT_FORMAT].get(),
         )
@@ -156,7 +154,7 @@ async def start_turn(
     turns = request.app[TURNS]
     accepted = await turns.accept(
         InboundMessage(
-            channel=OPENAI_CHANNEL,
+            channel=OPENAI.name,
             # Every call is a new message: OpenAI requests carry no message id to dedupe on.
             event_id=uuid.uuid4().hex,
             owner=principal.owner,
@@ -177,7 +175,7 @@ async def start_turn(
                 await session.execute(
                     delete(Conversation).where(
                         Conversation.owner == principal.owner,
-                        Conversation.channel == OPENAI_CHANNEL,
+                        Conversation.channel == OPENAI.name,
                         Conversation.external_key == thread.conversation_key,
                     )
                 )

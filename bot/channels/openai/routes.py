@@ -10,8 +10,9 @@ from aiohttp import web
 from bot.channels.base import SilentChannel
 from bot.channels.openai.chat_completions import create_chat_completion
 from bot.channels.openai.errors import RequestRefused, openai_error
-from bot.channels.openai.ingress import OPENAI_CHANNEL, authenticate_request, served_model
+from bot.channels.openai.ingress import authenticate_request, served_model
 from bot.channels.openai.responses import create_response, get_response
+from bot.channels.registry import OPENAI
 from bot.config import Settings
 from bot.errors import ErrorClass
 from bot.http.keys import SETTINGS
@@ -56,7 +57,7 @@ async def retrieve_model(request: web.Request) -> web.Response:
 def setup(
     app: web.Application, settings: Settings, turns: TurnService, http: aiohttp.ClientSession
 ) -> None:
-    turns.register_channel(SilentChannel(OPENAI_CHANNEL))
+    turns.register_channel(SilentChannel(OPENAI.name))
     app.router.add_post("/v1/chat/completions", create_chat_completion)
     app.router.add_post("/v1/responses", create_response)
     app.router.add_get("/v1/responses/{response_id}", get_response)

@@ -17,22 +17,21 @@ from __future__ import annotations
 import aiohttp
 import structlog
 from aiohttp import web
-from pydantic import Field, ValidationError
+from pydantic import Field
 
 from bot.channels.base import InboundMessage
 from bot.channels.ingress import (
     ID_MAX,
     IngressClock,
     PostedMessage,
-    problems,
     rate_limited,
-    too_long,
+    read_posted,
 )
 from bot.channels.registry import WEBHOOK
 from bot.channels.webhook.channel import WebhookChannel
 from bot.channels.webhook.signing import SIGNATURE_HEADER, TIMESTAMP_HEADER, verify_any
 from bot.config import Settings
-from bot.http.body import BodyError, load_json, read_body
+from bot.http.body import BodyError, read_body
 from bot.http.errors import json_error
 from bot.turns.service import TurnService
 
@@ -72,14 +71,9 @@ class WebhookEvents:
         if refused is not None:
             log.warning("webhook_signature_rejected", webhook=name, reason=refused)
             return json_error(401, "auth", f"{refused}; see docs/webhook.md")
-        try:
-            message = WebhookMessage.model_validate(load_json(body))
-        except BodyError as exc:
-            return exc.response
-        except ValidationError as exc:
-            return json_error(400, "bad_request", problems(exc))
-        if (reason := too_long(message.text, self._server.max_text_chars)) is not None:
-            return json_error(400, "bad_request", reason)
+        message = await read_posted(request, WebhookMessage, self._server, body)
+        if isinstance(message, web.Response):
+            return message
 
         accepted = await self._turns.accept(
             InboundMessage(
