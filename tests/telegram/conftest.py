@@ -22,6 +22,9 @@ from tests.fakes.telegram_api import FakeTelegram
 from tests.helpers import load_turns
 
 FIXTURES = Path(__file__).parent / "fixtures"
+SECRET = "s3cret-Header_value"
+HEADER = "X-Telegram-Bot-Api-Secret-Token"
+update_ids = itertools.count(700_000_000)
 BOT_TOKEN = "7000000001:AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw"
 BOT_USERNAME = "TestChatBot"
 PRIVATE_CHAT = 111111111
@@ -43,15 +46,20 @@ def load_update(name: str) -> dict[str, Any]:
     return data
 
 
-def bot_settings(fake: FakeTelegram, **overrides: Any) -> TelegramBotSettings:
-    values: dict[str, Any] = {
+def bot_table(fake: FakeTelegram, **overrides: Any) -> dict[str, Any]:
+    """The ``[[telegram]]`` table of the test bot, pointed at the fake Bot API."""
+    return {
         "name": "testbot",
         "token": BOT_TOKEN,
+        "secret_token": SECRET,
         "api_base_url": fake.base_url,
         **FAST_PACING,
         **overrides,
     }
-    return TelegramBotSettings(**values)
+
+
+def bot_settings(fake: FakeTelegram, **overrides: Any) -> TelegramBotSettings:
+    return TelegramBotSettings(**bot_table(fake, **{"secret_token": None, **overrides}))
 
 
 @pytest.fixture
@@ -75,9 +83,6 @@ def settings(fake_telegram: FakeTelegram) -> TelegramBotSettings:
 @pytest.fixture
 def api(http: aiohttp.ClientSession, settings: TelegramBotSettings) -> TelegramApi:
     return TelegramApi.from_settings(http, settings)
-
-
-SECRET = "s3cret-Header_value"
 
 
 def private_update(text: str, chat_id: int = PRIVATE_CHAT) -> dict[str, Any]:
@@ -112,23 +117,6 @@ class Service:
 
     async def turns(self) -> list[Turn]:
         return await load_turns(self.db_url)
-
-
-def bot_table(fake: FakeTelegram, **overrides: Any) -> dict[str, Any]:
-    return {
-        "name": "testbot",
-        "token": BOT_TOKEN,
-        "secret_token": SECRET,
-        "api_base_url": fake.base_url,
-        **FAST_PACING,
-        **overrides,
-    }
-
-
-HEADER = "X-Telegram-Bot-Api-Secret-Token"
-
-
-update_ids = itertools.count(700_000_000)
 
 
 def command_update(name: str, chat_id: int = PRIVATE_CHAT) -> dict[str, Any]:
