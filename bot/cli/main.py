@@ -6,6 +6,7 @@ Examples::
     botctl demo-model              # build the offline demo model into data/demo-model
     botctl db upgrade              # create or migrate the database
     botctl keys create alice       # print a new API key, once
+    botctl usage --days 30         # turns and tokens per day, owner and channel
     botctl doctor                  # check every layer, stop at the first broken one
     botctl serve                   # serve on 127.0.0.1:8080
 
@@ -35,6 +36,7 @@ from bot.cli.doctor import doctor
 from bot.cli.keys import keys
 from bot.cli.limits import limits
 from bot.cli.model import model
+from bot.cli.usage import usage
 from bot.config import DEFAULT_DEMO_MODEL_DIR
 
 DISTRIBUTION = "llm-chat-bot"
@@ -131,6 +133,7 @@ COMMANDS: tuple[click.Command, ...] = (
     doctor,
     telegram,
     limits,
+    usage,
     chat,
 )
 """Every command group but the two defined above (``serve``, ``demo-model``)."""
