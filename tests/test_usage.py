@@ -166,7 +166,10 @@ async def test_today_shows_the_subjects_limit_and_what_was_counted_against_it(
         subject=user_subject("telegram:support", "7"),
     )
     assert (other.turns_done, other.counted_tokens, other.tokens_per_day) == (1, 0, 1000)
-    everyone = await reports.today_by_user(owner="telegram:support", channel="telegram:support")
+    day, everyone = await reports.today_by_user(
+        owner="telegram:support", channel="telegram:support"
+    )
+    assert day == TODAY
     assert sorted(r.user_id or "" for r in everyone) == ["42", "7"]
 
 

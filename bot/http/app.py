@@ -31,6 +31,7 @@ from bot.http.keys import (
     SESSIONS,
     SETTINGS,
     TURNS,
+    USAGE,
 )
 from bot.storage.db import (
     create_engine,
@@ -47,6 +48,7 @@ from bot.turns.policy import build_policy
 from bot.turns.runner import TurnRunner
 from bot.turns.service import TurnService
 from bot.turns.streams import TurnStreams
+from bot.turns.usage import UsageReports
 from bot.web import routes as web_page
 
 log = structlog.get_logger(__name__)
@@ -141,6 +143,7 @@ async def create_app(
     app[TURNS] = turns
     turns.claims = build_claims(settings.workers, settings.database.url, sessions)
     turns.fair_use = FairUse(settings.limits)
+    app[USAGE] = UsageReports(read_sessions, turns.fair_use)
     http = platform_client()
     app[HTTP_CLIENT] = http
     metrics = ops.setup(app)

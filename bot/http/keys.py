@@ -12,6 +12,7 @@ from bot.http.readers import EventStreamReaders
 from bot.turns.chat_format import ChatFormatSource
 from bot.turns.followers import TurnFollowers
 from bot.turns.service import TurnService
+from bot.turns.usage import UsageReports
 
 SETTINGS = web.AppKey("settings", Settings)
 SESSIONS = web.AppKey("sessions", async_sessionmaker[AsyncSession])
@@ -25,6 +26,8 @@ DB_PROBE = web.AppKey("db_probe", AsyncEngine)
 """The readiness check's own database connection (``bot.storage.db.create_probe_engine``)."""
 STREAM_READERS = web.AppKey("stream_readers", EventStreamReaders)
 TURN_FOLLOWERS = web.AppKey("turn_followers", TurnFollowers)
+USAGE = web.AppKey("usage", UsageReports)
+"""Usage reports (``/stats``, ``GET /v1/usage``) on the read-only sessions."""
 
 # Per-request values set by the middleware.
 REQUEST_STARTED = web.RequestKey("request_started_perf", float)

@@ -260,12 +260,13 @@ class UsageReports:
             tokens_per_day=limit,
         )
 
-    async def today_by_user(self, *, owner: str, channel: str) -> list[UsageRow]:
-        """Every user's usage of one channel instance today (UTC), for an admin."""
-        _, start = utc_day(self._clock())
-        return await self.rows(
+    async def today_by_user(self, *, owner: str, channel: str) -> tuple[dt.date, list[UsageRow]]:
+        """Today (UTC) and every user's usage of one channel instance today, for an admin."""
+        day, start = utc_day(self._clock())
+        rows = await self.rows(
             UsageQuery(
                 owner=owner, channel=channel, since=start, until=start + dt.timedelta(days=1)
             ),
             by_user=True,
         )
+        return day, rows

@@ -1,4 +1,5 @@
-"""Slash commands: ``/new`` starts a fresh conversation, ``/stop`` stops the reply.
+"""Slash commands: ``/new`` starts a fresh conversation, ``/stop`` stops the reply, ``/stats``
+shows the user's usage today (``/stats all``: every user's, for the app's admins).
 
 Slack POSTs a command as an ``application/x-www-form-urlencoded`` form
 (``team_id``, ``channel_id``, ``channel_name``, ``user_id``, ``command``,
@@ -18,6 +19,8 @@ Where the commands apply:
   never say which thread's reply to stop. Guessing (the user's latest thread?
   every reply in the channel?) could stop someone else's answer, so both
   commands only answer that they work in a DM.
+- ``/stats`` works anywhere: its answer is ephemeral, seen by the user alone,
+  and counts the user's turns in every conversation of the app (DMs and threads).
 
 Events and commands are separate requests: a DM message sent just before
 ``/new`` may still reach us after it and then belongs to the new conversation.
@@ -30,13 +33,17 @@ from typing import Literal
 from urllib.parse import parse_qs
 
 from bot.channels.slack.payloads import dm_conversation_key
+from bot.channels.stats import NO_ADMINS, AdminCheck, stats_answer
 from bot.turns.service import TurnService
+from bot.turns.usage import UsageReports
 
 HELP_TEXT = (
     "Send me a direct message, or mention me in a channel, and I will answer.\n"
     "In our DM:\n"
     "`/new` - start a new conversation (I forget the earlier one)\n"
-    "`/stop` - stop the reply I am writing"
+    "`/stop` - stop the reply I am writing\n"
+    "Anywhere:\n"
+    "`/stats` - your messages and tokens today, and your daily limit"
 )
 UNKNOWN_TEXT = "I do not know that command.\n\n" + HELP_TEXT
 NEW_TEXT = "Started a new conversation."
@@ -51,8 +58,8 @@ OTHER_APP_TEXT = "This bot is not set up for this Slack app."
 # Slack's channel ids: ``D`` for a DM, ``C``/``G`` for channels and group DMs.
 DM_CHANNEL_PREFIX = "D"
 
-CommandName = Literal["new", "stop", "unknown"]
-_KNOWN: dict[str, CommandName] = {"/new": "new", "/stop": "stop"}
+CommandName = Literal["new", "stop", "stats", "unknown"]
+_KNOWN: dict[str, CommandName] = {"/new": "new", "/stop": "stop", "/stats": "stats"}
 
 
 class MalformedCommand(ValueError):
@@ -68,6 +75,8 @@ class SlashCommand:
     team_id: str
     channel_id: str
     user_id: str
+    text: str = ""
+    """What follows the command (``all`` in ``/stats all``)."""
 
     @property
     def in_dm(self) -> bool:
@@ -90,13 +99,31 @@ def parse_form(body: str) -> SlashCommand:
         team_id=team_id,
         channel_id=channel_id,
         user_id=user_id,
+        text=fields.get("text", "").strip(),
     )
 
 
-async def run_command(command: SlashCommand, *, channel: str, turns: TurnService) -> str:
+async def run_command(
+    command: SlashCommand,
+    *,
+    channel: str,
+    turns: TurnService,
+    usage: UsageReports,
+    is_admin: AdminCheck = NO_ADMINS,
+) -> str:
     """Carry out ``command`` for the app whose channel instance is ``channel``; the answer."""
     if command.name == "unknown":
         return UNKNOWN_TEXT
+    if command.name == "stats":
+        # Messages are stored under the workspace as owner (payloads.py).
+        return await stats_answer(
+            usage,
+            channel=channel,
+            owner=command.team_id,
+            user_id=command.user_id,
+            args=command.text,
+            is_admin=is_admin,
+        )
     if not command.in_dm:
         return DM_ONLY_TEXT
     # The owner and key the DM's message events are stored under (payloads.py).

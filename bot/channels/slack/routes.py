@@ -42,9 +42,11 @@ from bot.channels.slack.payloads import (
     to_inbound,
 )
 from bot.channels.slack.signing import SignedBody, pick_app, read_signed_body
+from bot.channels.stats import NO_ADMINS
 from bot.config import Settings
 from bot.http.body import BodyError, load_json, read_body
 from bot.http.errors import json_error
+from bot.http.keys import USAGE
 from bot.turns.service import TurnService
 
 log = structlog.get_logger(__name__)
@@ -148,7 +150,14 @@ class SlackRoutes:
         if channel is None:
             log.warning("slack_command_for_another_app", api_app_id=command.api_app_id)
             return _ephemeral(OTHER_APP_TEXT)
-        answer = await run_command(command, channel=channel.name, turns=self._turns)
+        answer = await run_command(
+            command,
+            channel=channel.name,
+            turns=self._turns,
+            usage=request.app[USAGE],
+            # Who may use admin commands (``/stats all``): to be read from the app's settings.
+            is_admin=NO_ADMINS,
+        )
         log.info(
             "slack_command",
             app=channel.settings.name,

@@ -1,4 +1,5 @@
-"""The bot's commands: ``/start`` and ``/help`` explain, ``/new`` starts over, ``/stop`` stops.
+"""The bot's commands: ``/start`` and ``/help`` explain, ``/new`` starts over, ``/stop`` stops,
+``/stats`` shows the sender's usage today (``/stats all``: everyone's, for admins).
 
 ``/new`` and ``/stop`` act before the webhook answers, so they take effect in
 the order the chat sent them (Telegram sends a chat's next update only after
@@ -7,14 +8,17 @@ this one is answered); the short notice that confirms them goes out after.
 
 from __future__ import annotations
 
+from bot.channels.stats import NO_ADMINS, AdminCheck, stats_answer
 from bot.channels.telegram.payloads import Command
 from bot.turns.service import TurnService
+from bot.turns.usage import UsageReports
 
 HELP_TEXT = (
     "I am an AI assistant: send me a message and I will answer.\n"
     "In a group, mention me or reply to one of my messages.\n\n"
     "/new - start a new conversation (I forget the earlier one)\n"
     "/stop - stop the reply I am writing\n"
+    "/stats - your messages and tokens today, and your daily limit\n"
     "/help - this help"
 )
 NEW_TEXT = "Started a new conversation."
@@ -22,7 +26,14 @@ NOTHING_TO_STOP_TEXT = "Nothing to stop."
 UNKNOWN_TEXT = "I do not know that command.\n\n" + HELP_TEXT
 
 
-async def run_command(command: Command, *, channel: str, turns: TurnService) -> str | None:
+async def run_command(
+    command: Command,
+    *,
+    channel: str,
+    turns: TurnService,
+    usage: UsageReports,
+    is_admin: AdminCheck = NO_ADMINS,
+) -> str | None:
     """Carry out ``command``; returns the notice to send, or None when the reply says it all."""
     if command.name == "new":
         await turns.new_conversation(
@@ -35,6 +46,16 @@ async def run_command(command: Command, *, channel: str, turns: TurnService) -> 
         )
         # A cancelled reply ends with "Stopped." in its own message: no second notice.
         return None if cancelled else NOTHING_TO_STOP_TEXT
+    if command.name == "stats":
+        # A bot's turns are stored under its channel as owner (updates.py).
+        return await stats_answer(
+            usage,
+            channel=channel,
+            owner=channel,
+            user_id=command.user_id,
+            args=command.args,
+            is_admin=is_admin,
+        )
     if command.name == "unknown":
         return UNKNOWN_TEXT
     return HELP_TEXT

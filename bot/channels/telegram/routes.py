@@ -24,6 +24,7 @@ from aiohttp import web
 
 from bot.channels.ingress import IngressClock, declined_too_long
 from bot.channels.registry import TELEGRAM
+from bot.channels.stats import NO_ADMINS, AdminCheck
 from bot.channels.telegram.api import TelegramApi, TelegramApiError
 from bot.channels.telegram.channel import TelegramChannel
 from bot.channels.telegram.commands import run_command
@@ -32,7 +33,7 @@ from bot.channels.telegram.settings import TelegramBotSettings
 from bot.config import Settings
 from bot.http.body import BodyError, parse_json_object, read_body
 from bot.http.errors import json_error
-from bot.http.keys import SETTINGS, TURNS
+from bot.http.keys import SETTINGS, TURNS, USAGE
 from bot.turns.service import TurnService
 
 log = structlog.get_logger(__name__)
@@ -51,6 +52,8 @@ class TelegramBot:
     api: TelegramApi
     identity: BotIdentity | None = None
     recent_commands: OrderedDict[int, None] = field(default_factory=OrderedDict)
+    is_admin: AdminCheck = NO_ADMINS
+    """Who may use admin commands (``/stats all``): to be read from the bot's settings."""
     notices: set[asyncio.Task[None]] = field(default_factory=set)
     _identity_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
@@ -170,7 +173,13 @@ async def post_update(request: web.Request) -> web.Response:
     if isinstance(parsed, Command):
         if update_id not in bot.recent_commands:
             turns = request.app[TURNS]
-            notice = await run_command(parsed, channel=bot.settings.channel, turns=turns)
+            notice = await run_command(
+                parsed,
+                channel=bot.settings.channel,
+                turns=turns,
+                usage=request.app[USAGE],
+                is_admin=bot.is_admin,
+            )
             bot.remember_command(update_id)
             log.info("telegram_command", command=parsed.name, **log_fields)
             if notice is not None:
