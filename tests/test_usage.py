@@ -126,11 +126,17 @@ async def test_filters_and_grouping_by_user(sessions: async_sessionmaker[AsyncSe
     start = dt.datetime(2026, 3, 10, tzinfo=dt.UTC)
     async with sessions() as session:
         only_alice = await usage_rows(session, UsageQuery(owner="alice"))
-        since_today = await usage_rows(session, UsageQuery(channel="telegram:support", since=start))
+        since_today = await usage_rows(
+            session, UsageQuery(channels=("telegram:support",), since=start)
+        )
         by_user = await usage_rows(
-            session, UsageQuery(channel="telegram:support", since=start), by_user=True
+            session, UsageQuery(channels=("telegram:support",), since=start), by_user=True
         )
         one_user = await usage_rows(session, UsageQuery(user_id="7"))
+        two_channels = await usage_rows(
+            session, UsageQuery(channels=("api", "telegram:support"), since=start)
+        )
+        not_there = await usage_rows(session, UsageQuery(channels=("openai",)))
     assert [(r.owner, r.turns_done) for r in only_alice] == [("alice", 2)]
     assert [(r.day, r.turns_done, r.turns_failed) for r in since_today] == [(TODAY, 2, 1)]
     assert {(r.user_id, r.turns_done, r.prompt_tokens) for r in by_user} == {
@@ -138,6 +144,8 @@ async def test_filters_and_grouping_by_user(sessions: async_sessionmaker[AsyncSe
         ("7", 1, 50),
     }
     assert [(r.user_id, r.prompt_tokens) for r in one_user] == [(None, 50)]
+    assert {r.channel for r in two_channels} == {"api", "telegram:support"}
+    assert not_there == []
 
 
 async def test_today_shows_the_subjects_limit_and_what_was_counted_against_it(
@@ -152,7 +160,7 @@ async def test_today_shows_the_subjects_limit_and_what_was_counted_against_it(
         await set_override(session, subject, messages_per_minute=None, tokens_per_day=5000)
     reports = UsageReports(sessions, fair_use, clock=clock)
     today = await reports.today(
-        UsageQuery(owner="telegram:support", channel="telegram:support", user_id="42"),
+        UsageQuery(owner="telegram:support", channels=("telegram:support",), user_id="42"),
         subject=subject,
     )
     assert today.day == TODAY
@@ -162,7 +170,7 @@ async def test_today_shows_the_subjects_limit_and_what_was_counted_against_it(
     assert today.as_dict()["cache_share"] == pytest.approx(288 / 500)
 
     other = await reports.today(
-        UsageQuery(channel="telegram:support", user_id="7"),
+        UsageQuery(channels=("telegram:support",), user_id="7"),
         subject=user_subject("telegram:support", "7"),
     )
     assert (other.turns_done, other.counted_tokens, other.tokens_per_day) == (1, 0, 1000)
@@ -202,7 +210,7 @@ async def test_days_are_utc_whatever_the_postgres_session_time_zone(pg_url: str)
     )
     try:
         async with create_sessionmaker(tokyo)() as session:
-            rows = await usage_rows(session, UsageQuery(channel="telegram:support"))
+            rows = await usage_rows(session, UsageQuery(channels=("telegram:support",)))
     finally:
         await tokyo.dispose()
     # 23:50 UTC on the 9th is 08:50 on the 10th in Tokyo: it still counts for the 9th.

@@ -114,7 +114,7 @@ async def stats_answer(
         day, rows = await usage.today_by_user(owner=owner, channel=channel)
         return channel_stats_text(rows, day=day.isoformat())
     today = await usage.today(
-        UsageQuery(owner=owner, channel=channel, user_id=user_id),
+        UsageQuery(owner=owner, channels=(channel,), user_id=user_id),
         subject=user_subject(channel, user_id),
     )
     return user_stats_text(today)

@@ -108,7 +108,7 @@ def usage(
     async def run() -> list[UsageRow]:
         async with db_sessionmakers(ctx.settings) as (_, read):
             return await UsageReports(read, None).rows(
-                UsageQuery(owner=owner, channel=channel, since=start)
+                UsageQuery(owner=owner, channels=(channel,) if channel else (), since=start)
             )
 
     rows = asyncio.run(run())

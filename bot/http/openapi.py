@@ -158,6 +158,25 @@ _PATHS: dict[str, dict[str, Any]] = {
             "responses": {"200": _json("The turns"), **_errors(401, 403, 404)},
         }
     },
+    "/v1/usage": {
+        "get": {
+            "summary": "The key's turns and tokens today against its daily limit, and its "
+            "owner's per UTC day and channel",
+            "security": _BEARER,
+            "parameters": [
+                {
+                    "name": "days",
+                    "in": "query",
+                    "required": False,
+                    "schema": {"type": "integer", "minimum": 1, "maximum": 90, "default": 7},
+                }
+            ],
+            "responses": {
+                "200": _json("today (this key) and days (the owner's, oldest first)"),
+                **_errors(400, 401, 403),
+            },
+        }
+    },
     "/v1/chat/completions": {
         "post": {
             "summary": "OpenAI-compatible chat completions (docs/openai_api.md)",

@@ -42,7 +42,8 @@ class UsageQuery:
     """Which turns to count; every field left None matches all."""
 
     owner: str | None = None
-    channel: str | None = None
+    channels: tuple[str, ...] = ()
+    """Only these channels (``api``, ``telegram:support``, ...); empty: every channel."""
     user_id: str | None = None
     api_key_id: str | None = None
     since: dt.datetime | None = None
@@ -179,8 +180,8 @@ async def usage_rows(
     )
     if query.owner is not None:
         statement = statement.where(Conversation.owner == query.owner)
-    if query.channel is not None:
-        statement = statement.where(Turn.channel == query.channel)
+    if query.channels:
+        statement = statement.where(Turn.channel.in_(query.channels))
     if query.user_id is not None:
         statement = statement.where(Turn.user_id == query.user_id)
     if query.api_key_id is not None:
@@ -236,7 +237,7 @@ class UsageReports:
         day, start = utc_day(now)
         todays = UsageQuery(
             owner=query.owner,
-            channel=query.channel,
+            channels=query.channels,
             user_id=query.user_id,
             api_key_id=query.api_key_id,
             since=start,
@@ -265,7 +266,10 @@ class UsageReports:
         day, start = utc_day(self._clock())
         rows = await self.rows(
             UsageQuery(
-                owner=owner, channel=channel, since=start, until=start + dt.timedelta(days=1)
+                owner=owner,
+                channels=(channel,),
+                since=start,
+                until=start + dt.timedelta(days=1),
             ),
             by_user=True,
         )

@@ -11,7 +11,7 @@ import aiohttp
 from aiohttp import web
 
 from bot.apikeys import Principal
-from bot.channels.api import history
+from bot.channels.api import history, usage
 from bot.channels.api.auth import authenticate_chat
 from bot.channels.api.history import turn_document
 from bot.channels.base import InboundMessage, SilentChannel
@@ -196,3 +196,4 @@ def setup(
     app.router.add_get("/v1/turns/{turn_id}/events", turn_events)
     app.router.add_post("/v1/turns/{turn_id}/cancel", cancel_turn)
     history.setup(app)
+    usage.setup(app)
