@@ -79,6 +79,10 @@ export class Api {
     return this.json("GET", `/v1/conversations/${encodeURIComponent(conversationId)}/turns`);
   }
 
+  usage() {
+    return this.json("GET", "/v1/usage?days=1");
+  }
+
   send(conversationId, messageId, text) {
     return this.json("POST", "/v1/messages", {
       conversation_id: conversationId,

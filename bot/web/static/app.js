@@ -4,6 +4,7 @@ import { Api, ApiError } from "./api.js";
 import { renderError } from "./errors.js";
 import { renderMarkdown } from "./markdown.js";
 import { renderTiming } from "./timing.js";
+import { showUsage } from "./usage.js";
 
 const KEY_STORAGE = "bot.apiKey";
 const CONVERSATION_STORAGE = "bot.conversationId";
@@ -56,6 +57,10 @@ function showChat() {
   $("sign-out").hidden = false;
   $("conversation-label").textContent = `${owner} · ${conversationId}`;
   $("message").focus();
+}
+
+function refreshUsage() {
+  if (api) showUsage(api, $("usage"));
 }
 
 function setBusy(busy) {
@@ -145,6 +150,7 @@ async function send(text) {
     handleFailure(view, error);
   } finally {
     setBusy(false);
+    refreshUsage();
   }
 }
 
@@ -192,6 +198,7 @@ async function signIn(key) {
   localStorage.setItem(KEY_STORAGE, key);
   owner = conversation.owner;
   showChat();
+  refreshUsage();
   await restore(conversation.turns);
 }
 
@@ -236,6 +243,7 @@ function wire() {
     localStorage.removeItem(KEY_STORAGE);
     $("messages").replaceChildren();
     $("conversation-label").textContent = "";
+    $("usage").hidden = true;
     clearError();
     showSignIn();
   });
