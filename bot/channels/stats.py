@@ -44,8 +44,11 @@ def _turns(done: int, failed: int) -> str:
     return f"{text}, {failed} failed" if failed else text
 
 
-def user_stats_text(today: Today) -> str:
-    """A user's turns and tokens today, and how much of the daily allowance is spent."""
+def user_stats_text(today: Today, *, admin: bool = False) -> str:
+    """A user's turns and tokens today, and how much of the daily allowance is spent.
+
+    Admins are held to no fair-use limit, so theirs reads "none" whatever the config says.
+    """
     lines = [
         f"Your usage today ({today.day.isoformat()}, UTC):",
         f"Messages: {_turns(today.turns_done, today.turns_failed)}",
@@ -53,7 +56,9 @@ def user_stats_text(today: Today) -> str:
         f"{_share(today.cached_tokens, today.prompt_tokens)} served from the cache",
         f"Generated tokens: {today.completion_tokens:,}",
     ]
-    if today.tokens_per_day:
+    if admin:
+        lines.append(f"Daily limit: none, you are an admin ({today.counted_tokens:,} counted).")
+    elif today.tokens_per_day:
         used = today.counted_tokens / today.tokens_per_day
         lines.append(
             f"Daily limit: {today.counted_tokens:,} of {today.tokens_per_day:,} tokens "
@@ -117,4 +122,4 @@ async def stats_answer(
         UsageQuery(owner=owner, channels=(channel,), user_id=user_id),
         subject=user_subject(channel, user_id),
     )
-    return user_stats_text(today)
+    return user_stats_text(today, admin=is_admin(user_id))

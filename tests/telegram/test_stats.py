@@ -124,3 +124,21 @@ async def test_stats_all_is_for_admins(start_service: Any) -> None:
             for line in lines
         ), (user_id, lines)
     assert lines[-1].startswith("Total: 2 answered; ")
+
+    # An admin's own /stats: no limit applies to them.
+    own = parse_update(
+        fixture_update("private_command_stats"),
+        bot=BotIdentity(id=None, username=BOT_USERNAME),
+        channel="telegram:testbot",
+    )
+    assert isinstance(own, Command)
+    mine = await run_command(
+        own,
+        channel="telegram:testbot",
+        turns=app[TURNS],
+        usage=app[USAGE],
+        is_admin=lambda user_id: user_id == str(PRIVATE_CHAT),
+    )
+    assert mine is not None
+    assert mine.splitlines()[1] == "Messages: 1 answered"
+    assert mine.splitlines()[-1].startswith("Daily limit: none, you are an admin (")
