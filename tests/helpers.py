@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import json
 import time
 from collections.abc import Callable
@@ -11,6 +12,7 @@ from typing import Any
 
 from aiohttp import ClientResponse
 from sqlalchemy import func, select
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from bot.apikeys import create_key
 from bot.storage.db import create_engine, create_sessionmaker
@@ -165,3 +167,33 @@ async def admin_key(db_url: str) -> str:
             return (await create_key(session, name="ops", scopes=("admin",))).key
     finally:
         await engine.dispose()
+
+
+async def store_turns(
+    sessions: async_sessionmaker[AsyncSession],
+    *,
+    owner: str,
+    channel: str,
+    key: str,
+    turns: list[tuple[dt.datetime, str, str | None, int | None, int | None, int | None]],
+) -> None:
+    """One conversation and its turns: (created_at, status, user_id, prompt, cached, completion)."""
+    async with sessions() as session, session.begin():
+        conversation = Conversation(owner=owner, channel=channel, external_key=key)
+        session.add(conversation)
+        await session.flush()
+        for seq, (created, status, user_id, prompt, cached, completion) in enumerate(turns):
+            session.add(
+                Turn(
+                    conversation_id=conversation.id,
+                    seq=seq,
+                    channel=channel,
+                    user_id=user_id,
+                    user_text="hi",
+                    status=status,
+                    prompt_tokens=prompt,
+                    cached_tokens=cached,
+                    completion_tokens=completion,
+                    created_at=created,
+                )
+            )

@@ -12,10 +12,10 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker, create_async_engine
 
 from bot.storage.db import create_engine, create_read_sessionmaker, create_sessionmaker
-from bot.storage.models import Conversation, Turn
 from bot.turns.limits import FairUse, set_override, user_subject
 from bot.turns.settings import LimitSettings
 from bot.turns.usage import UsageQuery, UsageReports, usage_rows
+from tests.helpers import store_turns
 
 # A fixed "now": 2026-03-10 00:30 UTC, half an hour into a day, so that a turn at
 # 23:50 UTC the evening before belongs to the previous day in every time zone setting.
@@ -33,39 +33,9 @@ async def sessions(db_url: str) -> AsyncIterator[async_sessionmaker[AsyncSession
         await engine.dispose()
 
 
-async def _store(
-    sessions: async_sessionmaker[AsyncSession],
-    *,
-    owner: str,
-    channel: str,
-    key: str,
-    turns: list[tuple[dt.datetime, str, str | None, int | None, int | None, int | None]],
-) -> None:
-    """One conversation and its turns: (created_at, status, user_id, prompt, cached, completion)."""
-    async with sessions() as session, session.begin():
-        conversation = Conversation(owner=owner, channel=channel, external_key=key)
-        session.add(conversation)
-        await session.flush()
-        for seq, (created, status, user_id, prompt, cached, completion) in enumerate(turns):
-            session.add(
-                Turn(
-                    conversation_id=conversation.id,
-                    seq=seq,
-                    channel=channel,
-                    user_id=user_id,
-                    user_text="hi",
-                    status=status,
-                    prompt_tokens=prompt,
-                    cached_tokens=cached,
-                    completion_tokens=completion,
-                    created_at=created,
-                )
-            )
-
-
 async def _history(sessions: async_sessionmaker[AsyncSession]) -> None:
     tg = "telegram:support"
-    await _store(
+    await store_turns(
         sessions,
         owner=tg,
         channel=tg,
@@ -77,14 +47,14 @@ async def _history(sessions: async_sessionmaker[AsyncSession]) -> None:
             (NOW + dt.timedelta(minutes=2), "queued", "42", None, None, None),
         ],
     )
-    await _store(
+    await store_turns(
         sessions,
         owner=tg,
         channel=tg,
         key="chat:2",
         turns=[(NOW, "done", "7", 50, 0, 5)],
     )
-    await _store(
+    await store_turns(
         sessions,
         owner="alice",
         channel="api",

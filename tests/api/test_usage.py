@@ -7,9 +7,8 @@ import datetime as dt
 from bot.http.keys import TURNS
 from bot.storage.db import create_engine, create_sessionmaker
 from tests.conftest import MakeClient, issue_key
-from tests.helpers import auth, load_turns
+from tests.helpers import auth, load_turns, store_turns
 from tests.ops.helpers import chat
-from tests.test_usage import _store
 
 DAILY = 20_000
 
@@ -27,7 +26,7 @@ async def test_usage_of_the_key_and_its_owner(db_url: str, make_client: MakeClie
     # A chat platform's tenant that happens to be called "alice" is not alice's usage.
     engine = create_engine(db_url)
     now = dt.datetime.now(dt.UTC)
-    await _store(
+    await store_turns(
         create_sessionmaker(engine),
         owner="alice",
         channel="telegram:alice",
