@@ -37,6 +37,7 @@ from bot.http.readers import EventStreamReaders, StreamSlot
 from bot.http.sse import event_stream_response, pump_events
 from bot.storage.models import Conversation, Turn
 from bot.storage.queries import get_turn_for_owner
+from bot.turns.branching import attempts_of
 from bot.turns.ending import usage
 from bot.turns.followers import TurnFollowers
 from bot.turns.service import TurnService, api_event_id
@@ -165,7 +166,7 @@ def public_error(error_class: str | None) -> str | None:
     return USER_MESSAGES[known.get(error_class, ErrorClass.INTERNAL)]
 
 
-def turn_document(turn: Turn, conversation_key: str) -> dict[str, Any]:
+def turn_document(turn: Turn, conversation_key: str, *, attempts: int = 1) -> dict[str, Any]:
     layer_ms = dict(turn.layer_ms or {})
     return {
         "turn_id": turn.id,
@@ -180,6 +181,10 @@ def turn_document(turn: Turn, conversation_key: str) -> dict[str, Any]:
         "timings_ms": layer_ms,
         "coalesced_into": turn.coalesced_into,
         "compaction_id": turn.compaction_id,
+        "attempt": turn.attempt,
+        "attempts": max(attempts, turn.attempt),
+        "regenerates_turn_id": turn.regenerates_turn_id,
+        "edits_turn_id": turn.edits_turn_id,
         "created_at": turn.created_at.isoformat(),
     }
 
@@ -189,7 +194,9 @@ async def get_turn(request: web.Request) -> web.Response:
     if isinstance(found, web.Response):
         return found
     turn, key, _ = found
-    return web.json_response(turn_document(turn, key))
+    async with request.app[READ_SESSIONS]() as session:
+        attempts = await attempts_of(session, turn)
+    return web.json_response(turn_document(turn, key, attempts=attempts))
 
 
 async def cancel_turn(request: web.Request) -> web.Response:
@@ -276,6 +283,7 @@ def setup(
     app.router.add_get("/v1/turns/{turn_id}", get_turn)
     app.router.add_get("/v1/turns/{turn_id}/events", turn_events)
     app.router.add_post("/v1/turns/{turn_id}/cancel", cancel_turn)
-    from bot.channels.api import history  # imports this module: keep the import here
+    from bot.channels.api import branches, history  # import this module: keep the import here
 
     history.setup(app)
+    branches.setup(app)

@@ -1,4 +1,5 @@
-"""The bot's commands: ``/start`` and ``/help`` explain, ``/new`` starts over, ``/stop`` stops.
+"""The bot's commands: ``/start`` and ``/help`` explain, ``/new`` starts over, ``/stop`` stops,
+``/retry`` answers the last message again (``bot.turns.branching``: the earlier reply is kept).
 
 ``/new`` and ``/stop`` act before the webhook answers, so they take effect in
 the order the chat sent them (Telegram sends a chat's next update only after
@@ -8,6 +9,7 @@ this one is answered); the short notice that confirms them goes out after.
 from __future__ import annotations
 
 from bot.channels.telegram.updates import Command
+from bot.turns.branching import ForkRefused
 from bot.turns.service import TurnService
 
 HELP_TEXT = (
@@ -15,10 +17,18 @@ HELP_TEXT = (
     "In a group, mention me or reply to one of my messages.\n\n"
     "/new - start a new conversation (I forget the earlier one)\n"
     "/stop - stop the reply I am writing\n"
+    "/retry - answer your last message again\n"
+    "Edit your last message and I answer the new text instead.\n"
     "/help - this help"
 )
 NEW_TEXT = "Started a new conversation."
 NOTHING_TO_STOP_TEXT = "Nothing to stop."
+NOTHING_TO_RETRY_TEXT = "Nothing to retry: send me a message first."
+RETRY_REFUSED_TEXT = "I cannot retry now: {reason}."
+EDIT_REFUSED_TEXT = (
+    "Only your last message can be edited: I answered the later ones from the old text. "
+    "Send the correction as a new message."
+)
 UNKNOWN_TEXT = "I do not know that command.\n\n" + HELP_TEXT
 
 
@@ -35,6 +45,18 @@ async def run_command(command: Command, *, channel: str, turns: TurnService) -> 
         )
         # A cancelled reply ends with "Stopped." in its own message: no second notice.
         return None if cancelled else NOTHING_TO_STOP_TEXT
+    if command.name == "retry":
+        try:
+            accepted = await turns.regenerate_latest(
+                channel=channel, owner=channel, conversation_key=command.conversation_key
+            )
+        except ForkRefused as exc:
+            return RETRY_REFUSED_TEXT.format(reason=exc.reason)
+        if accepted is None:
+            return NOTHING_TO_RETRY_TEXT
+        if accepted.rate_limited is not None:
+            return accepted.rate_limited.user_message
+        return None  # the new reply says it all
     if command.name == "unknown":
         return UNKNOWN_TEXT
     return HELP_TEXT

@@ -26,14 +26,21 @@ from aiohttp import web
 from bot.channels.base import too_long_notice
 from bot.channels.telegram.api import TelegramApi, TelegramApiError
 from bot.channels.telegram.channel import TelegramChannel
-from bot.channels.telegram.commands import run_command
+from bot.channels.telegram.commands import EDIT_REFUSED_TEXT, run_command
 from bot.channels.telegram.settings import TelegramBotSettings
-from bot.channels.telegram.updates import BotIdentity, Command, Ignored, parse_update
+from bot.channels.telegram.updates import (
+    BotIdentity,
+    Command,
+    EditedMessage,
+    Ignored,
+    parse_update,
+)
 from bot.config import Settings
 from bot.errors import ErrorClass
 from bot.http.body import BodyError, parse_json_object, read_body
 from bot.http.errors import json_error
 from bot.http.keys import REQUEST_RECEIVED_AT, REQUEST_STARTED, SETTINGS, TURNS
+from bot.turns.branching import ForkRefused
 from bot.turns.service import TurnService
 
 log = structlog.get_logger(__name__)
@@ -180,6 +187,10 @@ async def post_update(request: web.Request) -> web.Response:
                 bot.send_notice(parsed, notice)
         return web.Response(status=200)
 
+    edited: dict[str, Any] | None = None
+    if isinstance(parsed, EditedMessage):
+        edited = parsed.edited
+        parsed = parsed.message
     if len(parsed.text) > settings.server.max_text_chars:
         log.info("telegram_declined", reason="text too long", **log_fields)
         limit = settings.server.max_text_chars
@@ -192,7 +203,16 @@ async def post_update(request: web.Request) -> web.Response:
         layer_ms={"ingress": max(0.0, ingress_ms), "auth": auth_ms},
         received_at=received_at,
     )
-    accepted = await request.app[TURNS].accept(message)
+    turns = request.app[TURNS]
+    if edited is None:
+        accepted = await turns.accept(message)
+    else:
+        try:
+            accepted = await turns.accept_edit(message, edited)
+        except ForkRefused:
+            log.info("telegram_declined", reason="edit of an older message", **log_fields)
+            turns.decline(message, ErrorClass.BAD_REQUEST, EDIT_REFUSED_TEXT)
+            return web.Response(status=200)
     log.info(
         "telegram_accepted", turn_id=accepted.turn_id, duplicate=accepted.duplicate, **log_fields
     )
