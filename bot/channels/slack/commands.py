@@ -1,4 +1,5 @@
-"""Slash commands: ``/new`` starts a fresh conversation, ``/stop`` stops the reply.
+"""Slash commands: ``/new`` starts a fresh conversation, ``/stop`` stops the reply, ``/retry``
+answers the last message again (``bot.turns.branching``: the earlier reply stays stored).
 
 Slack POSTs a command as an ``application/x-www-form-urlencoded`` form
 (``team_id``, ``channel_id``, ``channel_name``, ``user_id``, ``command``,
@@ -11,7 +12,8 @@ Where the commands apply:
 - In a DM with the bot, the DM is one endless conversation; the command
   addresses it with the key ``events.dm_conversation_key`` gives the DM's
   messages, so ``/new`` closes exactly the history those messages extend and
-  ``/stop`` stops exactly the reply they are getting.
+  ``/stop`` stops exactly the reply they are getting, and ``/retry`` answers
+  the DM's last message again.
 - In a channel (or a group DM) every top-level mention already starts its own
   thread and its own conversation, so ``/new`` has nothing to do; and Slack
   does not let app commands be typed inside a thread, so a command there can
@@ -30,20 +32,25 @@ from typing import Literal
 from urllib.parse import parse_qs
 
 from bot.channels.slack.events import dm_conversation_key
+from bot.turns.branching import ForkRefused
 from bot.turns.service import TurnService
 
 HELP_TEXT = (
     "Send me a direct message, or mention me in a channel, and I will answer.\n"
     "In our DM:\n"
     "`/new` - start a new conversation (I forget the earlier one)\n"
-    "`/stop` - stop the reply I am writing"
+    "`/stop` - stop the reply I am writing\n"
+    "`/retry` - answer your last message again"
 )
 UNKNOWN_TEXT = "I do not know that command.\n\n" + HELP_TEXT
 NEW_TEXT = "Started a new conversation."
 STOPPING_TEXT = "Stopping the reply."
 NOTHING_TO_STOP_TEXT = "Nothing to stop."
+RETRYING_TEXT = "Answering your last message again."
+NOTHING_TO_RETRY_TEXT = "Nothing to retry: send me a message first."
+RETRY_REFUSED_TEXT = "I cannot retry now: {reason}."
 DM_ONLY_TEXT = (
-    "`/new` and `/stop` work in a direct message with me. In a channel, each thread "
+    "`/new`, `/stop` and `/retry` work in a direct message with me. In a channel, each thread "
     "is its own conversation: mention me at the top level to start a new one."
 )
 OTHER_APP_TEXT = "This bot is not set up for this Slack app."
@@ -51,8 +58,8 @@ OTHER_APP_TEXT = "This bot is not set up for this Slack app."
 # Slack's channel ids: ``D`` for a DM, ``C``/``G`` for channels and group DMs.
 DM_CHANNEL_PREFIX = "D"
 
-CommandName = Literal["new", "stop", "unknown"]
-_KNOWN: dict[str, CommandName] = {"/new": "new", "/stop": "stop"}
+CommandName = Literal["new", "stop", "retry", "unknown"]
+_KNOWN: dict[str, CommandName] = {"/new": "new", "/stop": "stop", "/retry": "retry"}
 
 
 class MalformedCommand(ValueError):
@@ -105,5 +112,17 @@ async def run_command(command: SlashCommand, *, channel: str, turns: TurnService
     if command.name == "new":
         await turns.new_conversation(channel=channel, owner=owner, conversation_key=key)
         return NEW_TEXT
+    if command.name == "retry":
+        try:
+            accepted = await turns.regenerate_latest(
+                channel=channel, owner=owner, conversation_key=key
+            )
+        except ForkRefused as exc:
+            return RETRY_REFUSED_TEXT.format(reason=exc.reason)
+        if accepted is None:
+            return NOTHING_TO_RETRY_TEXT
+        if accepted.rate_limited is not None:
+            return accepted.rate_limited.user_message
+        return RETRYING_TEXT
     stopping = await turns.cancel_active(channel=channel, owner=owner, conversation_key=key)
     return STOPPING_TEXT if stopping else NOTHING_TO_STOP_TEXT
