@@ -9,6 +9,7 @@ import pytest
 from aiohttp.test_utils import TestClient
 from sqlalchemy import select, text
 
+from bot.admin.conversations import load_conversation
 from bot.engine.vllm_local import LocalVLLMEngine
 from bot.storage.db import create_engine, create_sessionmaker
 from bot.storage.migrate import upgrade
@@ -162,6 +163,15 @@ async def test_edit_forks_before_the_message_and_shares_the_cached_prefix(
     users = [row for row in rows if row.role == "user" and row.parent_seq == rows[1].seq]
     assert [row.text for row in users] == ["Tell me about the weather in Paris.", edited_text]
     assert await head_seq(db_url) == rows[-1].seq
+    engine = create_engine(db_url)
+    try:
+        async with create_sessionmaker(engine)() as session:
+            shown = await load_conversation(session, rows[0].conversation_id)
+    finally:
+        await engine.dispose()
+    assert shown is not None and shown["head_seq"] == rows[-1].seq
+    assert [m["parent_seq"] for m in shown["messages"]] == [None, 0, 1, 2, 1, 4]
+    assert shown["turns"][-1]["edits_turn_id"] == second
 
     # Branches switch both ways; each comes back as it was left.
     activated = await client.post(f"/v1/turns/{second}/activate", headers=auth(key))

@@ -193,11 +193,20 @@ async def load_history(
     session: AsyncSession, conversation_id: str, *, at: int | None = None
 ) -> History:
     """The prompt up to entry ``at`` (default: the conversation's head; -1: empty)."""
-    if at is None:
-        at = await session.scalar(
-            select(Conversation.head_seq).where(Conversation.id == conversation_id)
+    last_seq = (
+        select(func.max(Message.seq))
+        .where(Message.conversation_id == conversation_id)
+        .scalar_subquery()
+    )
+    # One round trip for both: the head (unless given) and the next free seq.
+    head, last = (
+        await session.execute(
+            select(Conversation.head_seq, last_seq).where(Conversation.id == conversation_id)
         )
-    next_seq = await next_message_seq(session, conversation_id)
+    ).one_or_none() or (None, None)
+    next_seq = 0 if last is None else int(last) + 1
+    if at is None:
+        at = head
     if at is None or at < 0:
         return History([], [], next_seq)
     entries = await path_entries(session, conversation_id, at)
