@@ -82,6 +82,9 @@ def turn_dict(turn: Turn) -> dict[str, Any]:
         "prompt_tokens": turn.prompt_tokens,
         "cached_tokens": turn.cached_tokens,
         "completion_tokens": turn.completion_tokens,
+        "attempt": turn.attempt,
+        "regenerates_turn_id": turn.regenerates_turn_id,
+        "edits_turn_id": turn.edits_turn_id,
         "created_at": _iso(turn.created_at),
         "finished_at": _iso(turn.finished_at),
     }
@@ -118,23 +121,33 @@ async def load_conversation(session: AsyncSession, conversation_id: str) -> dict
     ).all()
     messages = (
         await session.execute(
-            select(Message.seq, Message.role, Message.text, Message.turn_id, Message.created_at)
+            select(
+                Message.seq,
+                Message.parent_seq,
+                Message.role,
+                Message.text,
+                Message.turn_id,
+                Message.created_at,
+            )
             .where(Message.conversation_id == conversation_id)
             .order_by(Message.seq)
         )
     ).all()
     return {
         **conversation_dict(conversation),
+        # The history is a tree (``Message``): each entry names its parent, this the active end.
+        "head_seq": conversation.head_seq,
         "turns": [turn_dict(turn) for turn in turns],
         "messages": [
             {
                 "seq": seq,
+                "parent_seq": parent_seq,
                 "role": role,
                 "text": text,
                 "turn_id": turn_id,
                 "created_at": _iso(created_at),
             }
-            for seq, role, text, turn_id, created_at in messages
+            for seq, parent_seq, role, text, turn_id, created_at in messages
         ],
     }
 

@@ -31,18 +31,23 @@ ID_MAX = 200
 """The longest conversation, message or user id a client may send."""
 
 
-class PostedMessage(BaseModel):
-    """The body of a message posted to the HTTP API (and, with a name, to a webhook)."""
+class PostedText(BaseModel):
+    """A body that carries a user's text and nothing else (the API's edit of a message)."""
 
     model_config = ConfigDict(extra="forbid")
 
+    text: str = Field(min_length=1)
+
+
+class PostedMessage(PostedText):
+    """The body of a message posted to the HTTP API (and, with a name, to a webhook)."""
+
     conversation_id: str = Field(min_length=1, max_length=ID_MAX)
     message_id: str = Field(min_length=1, max_length=ID_MAX)
-    text: str = Field(min_length=1)
     user_id: str | None = Field(default=None, max_length=ID_MAX)
 
 
-Posted = TypeVar("Posted", bound=PostedMessage)
+Posted = TypeVar("Posted", bound=PostedText)
 
 
 class IngressClock(LayerClock):

@@ -28,6 +28,7 @@ _REASONS = {
     403: "The API key lacks the scope this endpoint needs",
     404: "No such resource (another owner's turn, an unconfigured integration)",
     408: "The request body did not arrive within server.body_timeout_s",
+    409: "The turn cannot be regenerated, edited or activated now (the reason says why)",
     413: "The body is over server.max_body_bytes",
     429: "Over a fair-use limit; Retry-After says when to try again; nothing stored",
     503: "Not ready, the database did not answer, or a platform lookup failed; try again",
@@ -105,6 +106,12 @@ _MESSAGE_IN = {
         "user_id": {"type": "string", "maxLength": ID_MAX, "nullable": True},
     },
 }
+_EDIT_IN = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["text"],
+    "properties": {"text": {"type": "string", "minLength": 1}},
+}
 _SSE = {"description": "Server-Sent Events", "content": {"text/event-stream": {}}}
 
 _PATHS: dict[str, dict[str, Any]] = {
@@ -150,9 +157,45 @@ _PATHS: dict[str, dict[str, Any]] = {
             "responses": {"200": _json("Whether it was cancelled"), **_errors(401, 403, 404)},
         }
     },
+    "/v1/turns/{turn_id}/regenerate": {
+        "post": {
+            "summary": "Answer the conversation's latest turn again, as a new attempt",
+            "security": _BEARER,
+            "parameters": [_path_param("turn_id")],
+            "responses": {
+                "200": _SSE,
+                "202": _json("Stored: the new attempt's turn"),
+                **_errors(401, 403, 404, 409, 429),
+            },
+        }
+    },
+    "/v1/turns/{turn_id}/edit": {
+        "post": {
+            "summary": "Replace the latest turn's message and answer it, on a new branch",
+            "security": _BEARER,
+            "parameters": [_path_param("turn_id")],
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": _EDIT_IN}},
+            },
+            "responses": {
+                "200": _SSE,
+                "202": _json("Stored: the edited message's turn"),
+                **_errors(400, 401, 403, 404, 408, 409, 413, 429),
+            },
+        }
+    },
+    "/v1/turns/{turn_id}/activate": {
+        "post": {
+            "summary": "Make the branch through this turn's reply the conversation's active one",
+            "security": _BEARER,
+            "parameters": [_path_param("turn_id")],
+            "responses": {"200": _json("Activated"), **_errors(401, 403, 404, 409)},
+        }
+    },
     "/v1/conversations/{conversation_id}/turns": {
         "get": {
-            "summary": "A conversation's turns, oldest first (the web page's history)",
+            "summary": "The active branch's turns, oldest first, with their alternatives",
             "security": _BEARER,
             "parameters": [_path_param("conversation_id")],
             "responses": {"200": _json("The turns"), **_errors(401, 403, 404)},

@@ -93,6 +93,9 @@ class Conversation(Base):
     updated_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
     closed_at: Mapped[dt.datetime | None]
     next_turn_seq: Mapped[int] = mapped_column(Integer, default=0)
+    head_seq: Mapped[int | None] = mapped_column(Integer)
+    """The active branch's last history entry (``messages.seq``); NULL while there is none.
+    The next turn's prompt is the path from the root (or the latest base on it) to here."""
 
     messages: Mapped[list[Message]] = relationship(
         back_populates="conversation", lazy="raise_on_sql", order_by="Message.seq"
@@ -100,14 +103,22 @@ class Conversation(Base):
 
 
 class Message(Base):
-    """One entry of the token-exact history.
+    """One entry of the token-exact history, a node of the conversation's history tree.
 
-    ``token_ids`` holds exactly the ids this entry appended to the prompt
-    (packed, see ``bot.storage.tokens``): the system prompt's rendering for
-    seq 0, for a user message the closing of the previous assistant turn plus
-    the rendered user turn and generation prompt, for an assistant message
-    the ids the engine generated. The prompt of the next turn is the
-    concatenation of all entries, in order.
+    ``token_ids`` holds exactly the ids this entry appended to its parent's
+    prompt (packed, see ``bot.storage.tokens``): for a user message the
+    closing of the previous assistant turn plus the rendered user turn and
+    generation prompt (the first one also renders the system prompt), for an
+    assistant message the ids the engine generated.
+
+    ``parent_seq`` is the entry this one extends (NULL for the root), so the
+    history is a tree: a regenerated reply is a second assistant child of the
+    same user entry, an edited message a second user child of the same parent.
+    A prompt is the concatenation of the entries on the path from the root (or
+    from the latest ``base`` entry on it, see ``bot.turns.compaction``) down to
+    one entry, in order; ``conversations.head_seq`` names the active branch's
+    last entry. ``seq`` is the insertion order, unique per conversation, so a
+    parent's seq is always smaller than its children's.
     """
 
     __tablename__ = "messages"
@@ -123,6 +134,7 @@ class Message(Base):
     token_ids: Mapped[bytes] = mapped_column(LargeBinary)
     turn_id: Mapped[str | None] = mapped_column(String(32))
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    parent_seq: Mapped[int | None] = mapped_column(Integer)
 
     conversation: Mapped[Conversation] = relationship(
         back_populates="messages", lazy="raise_on_sql"
@@ -187,6 +199,21 @@ class Turn(Base):
     api_key_id: Mapped[str | None] = mapped_column(String(32))
     coalesced_into: Mapped[str | None] = mapped_column(String(32))
     compaction_id: Mapped[str | None] = mapped_column(String(32))
+    parent_seq: Mapped[int | None] = mapped_column(Integer)
+    """Where the turn's prompt forks off the history tree: NULL for an ordinary turn (the
+    conversation's head when it runs); a user entry for a regeneration (the turn answers that
+    entry again, id for id the same prompt); for an edit the entry the edited message followed,
+    or ``FORK_AT_START`` (-1) when it was the first."""
+    regenerates_turn_id: Mapped[str | None] = mapped_column(String(32))
+    """A regeneration: the first attempt of the exchange this turn answers again."""
+    edits_turn_id: Mapped[str | None] = mapped_column(String(32))
+    """An edit: the turn whose user message this one replaces on a new branch."""
+    attempt: Mapped[int] = mapped_column(Integer, default=1, server_default=text("1"))
+    """1 for a turn's first answer, 2 for its first regeneration, ..."""
+
+
+FORK_AT_START = -1
+"""``turns.parent_seq`` of an edit of a conversation's first message: an empty history."""
 
 
 class TurnStatus:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import aliased
 
 from bot.storage.models import Conversation, InboundEvent, Message, Turn, utcnow
 from bot.storage.tokens import unpack_token_ids
@@ -37,6 +38,21 @@ async def open_conversation(
     except IntegrityError:
         return (await session.scalars(query)).one()
     return conversation
+
+
+async def find_open_conversation(
+    session: AsyncSession, *, owner: str, channel: str, external_key: str
+) -> Conversation | None:
+    return (
+        await session.scalars(
+            select(Conversation).where(
+                Conversation.owner == owner,
+                Conversation.channel == channel,
+                Conversation.external_key == external_key,
+                Conversation.closed_at.is_(None),
+            )
+        )
+    ).one_or_none()
 
 
 async def close_conversation(
@@ -121,46 +137,104 @@ async def recent_turns(
 
 @dataclass(frozen=True)
 class History:
-    """The token-exact history of a conversation, ready to be extended."""
+    """The token-exact history up to one entry of the conversation's tree, ready to be extended."""
 
     prompt_ids: list[int]
-    """Concatenation of every stored entry's ids: the next prompt starts with exactly these."""
+    """Concatenation of the entries on the path: the next prompt starts with exactly these."""
     last_assistant_ids: list[int]
     next_seq: int
+    """The conversation's next free ``messages.seq`` (insertion order, across every branch)."""
     ends_with_base: bool = False
     """The last entry is a compaction's base, which already closes its last reply."""
+    head_seq: int | None = None
+    """The path's last entry, which the next entry names as its parent; None: empty history."""
+    last_role: str | None = None
 
 
 BASE_ROLE = "base"
 """Role of the entry a compaction writes (``bot.turns.compaction``): the history restarts there."""
 
 
-async def load_history(session: AsyncSession, conversation_id: str) -> History:
-    base_seq = await session.scalar(
-        select(func.max(Message.seq)).where(
-            Message.conversation_id == conversation_id, Message.role == BASE_ROLE
-        )
+@dataclass(frozen=True)
+class PathEntry:
+    seq: int
+    role: str
+    text: str
+    turn_id: str | None
+    token_ids: bytes
+
+
+async def path_entries(
+    session: AsyncSession, conversation_id: str, head_seq: int, *, through_bases: bool = False
+) -> list[PathEntry]:
+    """The entries from the root down to ``head_seq``, in order (one recursive query).
+
+    Without ``through_bases`` the walk stops at the latest base on the path: what
+    is above it was compacted away (stored, no longer prompted).
+    """
+    step = select(Message.seq, Message.parent_seq, Message.role).where(
+        Message.conversation_id == conversation_id, Message.seq == head_seq
     )
-    query = (
-        select(Message.seq, Message.role, Message.token_ids)
-        .where(Message.conversation_id == conversation_id)
+    path = step.cte("path", recursive=True)
+    parent = aliased(Message)
+    climb = select(parent.seq, parent.parent_seq, parent.role).where(
+        parent.conversation_id == conversation_id, parent.seq == path.c.parent_seq
+    )
+    if not through_bases:
+        climb = climb.where(path.c.role != BASE_ROLE)
+    path = path.union_all(climb)
+    rows = await session.execute(
+        select(Message.seq, Message.role, Message.text, Message.turn_id, Message.token_ids)
+        .where(Message.conversation_id == conversation_id, Message.seq.in_(select(path.c.seq)))
         .order_by(Message.seq)
     )
-    if base_seq is not None:
-        # Entries before the latest base were compacted away: they stay stored, unprompted.
-        query = query.where(Message.seq >= base_seq)
-    rows = (await session.execute(query)).all()
+    return [PathEntry(*row) for row in rows]
+
+
+async def next_message_seq(session: AsyncSession, conversation_id: str) -> int:
+    last = await session.scalar(
+        select(func.max(Message.seq)).where(Message.conversation_id == conversation_id)
+    )
+    return 0 if last is None else int(last) + 1
+
+
+async def load_history(
+    session: AsyncSession, conversation_id: str, *, at: int | None = None
+) -> History:
+    """The prompt up to entry ``at`` (default: the conversation's head; -1: empty)."""
+    last_seq = (
+        select(func.max(Message.seq))
+        .where(Message.conversation_id == conversation_id)
+        .scalar_subquery()
+    )
+    # One round trip for both: the head (unless given) and the next free seq.
+    head, last = (
+        await session.execute(
+            select(Conversation.head_seq, last_seq).where(Conversation.id == conversation_id)
+        )
+    ).one_or_none() or (None, None)
+    next_seq = 0 if last is None else int(last) + 1
+    if at is None:
+        at = head
+    if at is None or at < 0:
+        return History([], [], next_seq)
+    entries = await path_entries(session, conversation_id, at)
     prompt: list[int] = []
     last_assistant: list[int] = []
-    last_role: str | None = None
-    for _, role, packed in rows:
-        ids = unpack_token_ids(packed)
+    for entry in entries:
+        ids = unpack_token_ids(entry.token_ids)
         prompt.extend(ids)
-        if role == "assistant":
+        if entry.role == "assistant":
             last_assistant = ids
-        last_role = role
-    next_seq = rows[-1][0] + 1 if rows else 0
-    return History(prompt, last_assistant, next_seq, ends_with_base=last_role == BASE_ROLE)
+    last_role = entries[-1].role if entries else None
+    return History(
+        prompt,
+        last_assistant,
+        next_seq,
+        ends_with_base=last_role == BASE_ROLE,
+        head_seq=entries[-1].seq if entries else None,
+        last_role=last_role,
+    )
 
 
 def as_utc(value: dt.datetime) -> dt.datetime:

@@ -33,6 +33,8 @@ async def claim_pending(session: AsyncSession, answering: Turn) -> list[Turn]:
                 Turn.conversation_id == answering.conversation_id,
                 Turn.status == TurnStatus.QUEUED,
                 Turn.id != answering.id,
+                # Edits and regenerations answer their own message, on their own branch.
+                Turn.parent_seq.is_(None),
             )
             .order_by(Turn.seq)
             # Locked, so a concurrent cancel of one of them either lands first (and

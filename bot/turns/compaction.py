@@ -38,12 +38,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import structlog
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from bot.engine.base import GenerationRequest, InferenceEngine
-from bot.storage.models import Compaction, Message, Turn, TurnStatus
-from bot.storage.queries import BASE_ROLE, History
+from bot.storage.models import Compaction, Conversation, Message, Turn, TurnStatus
+from bot.storage.queries import BASE_ROLE, History, path_entries
 from bot.storage.tokens import pack_token_ids, unpack_token_ids
 from bot.turns.chat_format import ChatFormat, Tokenizer
 from bot.turns.settings import CompactionSettings, GenerationSettings
@@ -119,14 +119,20 @@ def knows_reasoning_tags(tokenizer: Tokenizer, close_tag: str) -> bool:
 
 
 def pair_exchanges(rows: Sequence[tuple[int, str, str, str | None]]) -> list[Exchange]:
-    """(seq, role, text, turn_id) rows in order -> whole exchanges (a user entry and its reply)."""
+    """(seq, role, text, turn_id) rows of one path, in order -> whole exchanges.
+
+    A reply pairs with the user entry right before it on the path; its turn may
+    differ (a regeneration answers an earlier turn's user entry again).
+    """
     exchanges: list[Exchange] = []
-    pending: tuple[int, str, str | None] | None = None
-    for seq, role, text, turn_id in rows:
+    pending: tuple[int, str] | None = None
+    for seq, role, text, _ in rows:
         if role == "user":
-            pending = (seq, text, turn_id)
-        elif role == "assistant" and pending is not None and pending[2] == turn_id:
+            pending = (seq, text)
+        elif role == "assistant" and pending is not None:
             exchanges.append(Exchange(pending[0], pending[1], text))
+            pending = None
+        else:
             pending = None
     return exchanges
 
@@ -173,7 +179,7 @@ class Compactor:
         is already final (another worker took it over): then nothing is stored.
         """
         async with self._sessions() as session:
-            previous, exchanges = await self._load(session, conversation_id)
+            previous, exchanges = await self._load(session, conversation_id, history.head_seq)
         if not exchanges:
             return None
         user_ids = self._format.turn_after_closed(content).token_ids
@@ -217,12 +223,24 @@ class Compactor:
                 Message(
                     conversation_id=conversation_id,
                     seq=history.next_seq,
+                    # Below the entry it was built from: the tree stays connected, and the
+                    # prompt path restarts at the base (``bot.storage.queries.path_entries``).
+                    parent_seq=history.head_seq,
                     role=BASE_ROLE,
                     text=self._format.decode(base_ids),
                     token_ids=pack_token_ids(base_ids),
                     turn_id=turn_id,
                 )
             )
+            if history.head_seq == await session.scalar(
+                select(Conversation.head_seq).where(Conversation.id == conversation_id)
+            ):
+                # Built from the active branch: the base ends it, even if this turn fails.
+                await session.execute(
+                    update(Conversation)
+                    .where(Conversation.id == conversation_id)
+                    .values(head_seq=history.next_seq)
+                )
             await session.flush()
             compaction_id = record.id
         # Sizes only: the summary and the turns are conversation content, not log material.
@@ -239,7 +257,14 @@ class Compactor:
             reasoning_dropped=self.drops_reasoning,
         )
         return Compacted(
-            History(base_ids, [], history.next_seq + 1, ends_with_base=True),
+            History(
+                base_ids,
+                [],
+                history.next_seq + 1,
+                ends_with_base=True,
+                head_seq=history.next_seq,
+                last_role=BASE_ROLE,
+            ),
             compaction_id,
             summary_tokens,
         )
@@ -247,33 +272,42 @@ class Compactor:
     # -- pieces ------------------------------------------------------------------------
 
     async def _load(
-        self, session: AsyncSession, conversation_id: str
+        self, session: AsyncSession, conversation_id: str, head_seq: int | None
     ) -> tuple[Compaction | None, list[Exchange]]:
-        previous = (
-            await session.scalars(
-                select(Compaction)
-                .where(Compaction.conversation_id == conversation_id)
-                .order_by(Compaction.base_seq.desc())
-                .limit(1)
-            )
-        ).first()
-        query = (
-            select(Message.seq, Message.role, Message.text, Message.turn_id, Message.token_ids)
-            .where(
-                Message.conversation_id == conversation_id,
-                Message.role.in_(("user", "assistant")),
-            )
-            .order_by(Message.seq)
-        )
+        """The latest compaction on the path to ``head_seq``, and the exchanges it keeps going."""
+        if head_seq is None:
+            return None, []
+        path = await path_entries(session, conversation_id, head_seq, through_bases=True)
+        bases = [entry.seq for entry in path if entry.role == BASE_ROLE]
+        previous = None
+        if bases:
+            previous = (
+                await session.scalars(
+                    select(Compaction)
+                    .where(
+                        Compaction.conversation_id == conversation_id,
+                        Compaction.base_seq == bases[-1],
+                    )
+                    .limit(1)
+                )
+            ).first()
+        # Everything before the previous base's first kept exchange lives on in its summary.
+        start = 0
         if previous is not None:
-            # Everything before the previous base's first kept exchange lives on in its summary.
             start = (
                 previous.kept_from_seq if previous.kept_from_seq is not None else previous.base_seq
             )
-            query = query.where(Message.seq >= start)
         rows = [
-            (seq, role, self._answer(text, ids) if role == "assistant" else text, turn_id)
-            for seq, role, text, turn_id, ids in await session.execute(query)
+            (
+                entry.seq,
+                entry.role,
+                self._answer(entry.text, entry.token_ids)
+                if entry.role == "assistant"
+                else entry.text,
+                entry.turn_id,
+            )
+            for entry in path
+            if entry.seq >= start and entry.role in ("user", "assistant")
         ]
         return previous, pair_exchanges(rows)
 

@@ -29,10 +29,11 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import structlog
+from sqlalchemy import update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from bot.errors import USER_MESSAGES, ErrorClass
-from bot.storage.models import Message, Turn, TurnStatus
+from bot.storage.models import Conversation, Message, Turn, TurnStatus
 from bot.storage.text import storable
 from bot.turns.replies import ReplySink
 from bot.turns.streams import TurnStreams
@@ -285,6 +286,13 @@ class TurnEndings:
             if end.status == TurnStatus.DONE:
                 # Fresh copies: a failed attempt's rollback leaves the originals unusable.
                 session.add_all(_copies(history))
+                if history:
+                    # The turn's reply becomes the active branch's end (``Message``).
+                    await session.execute(
+                        update(Conversation)
+                        .where(Conversation.id == row.conversation_id)
+                        .values(head_seq=history[-1].seq)
+                    )
             if charge is not None:
                 await charge(session, row)
         return None
@@ -350,6 +358,7 @@ def _copies(entries: Sequence[Message]) -> list[Message]:
             text=storable(m.text),
             token_ids=m.token_ids,
             turn_id=m.turn_id,
+            parent_seq=m.parent_seq,
         )
         for m in entries
     ]

@@ -96,7 +96,9 @@ class TurnRunner:
                 return
             turn.status = TurnStatus.RUNNING
             turn.started_at = utcnow()
-            covered = await claim_pending(session, turn) if self.policy.coalesce else []
+            # An edit or a regeneration answers one given message: it covers no other.
+            coalesces = self.policy.coalesce and turn.parent_seq is None
+            covered = await claim_pending(session, turn) if coalesces else []
             await session.commit()
         for other in covered:
             await self._endings.announce(other, coalesced_end(other, turn.id))
@@ -165,15 +167,24 @@ class TurnRunner:
             await sink.start()
         with clock.measure("history"):
             async with self._read_sessions() as session:
-                history = await load_history(session, turn.conversation_id)
+                # An edit or a regeneration names where it forks off the tree; else the head.
+                history = await load_history(session, turn.conversation_id, at=turn.parent_seq)
                 cache_salt = await self.policy.cache_salt(session, turn.conversation_id)
+        # A regeneration forks at its user entry: the prompt is, id for id, the one the
+        # earlier attempt had (cached up to its last partial block), no new user entry.
+        answers_again = history.last_role == "user"
         with clock.measure("tokenize"):
             content = combined_content(turn, progress.covered)
-            user = self._user_turn(history, content)
-            prompt = history.prompt_ids + user.token_ids
+            user = None if answers_again else self._user_turn(history, content)
+            prompt = history.prompt_ids + (user.token_ids if user else [])
         max_tokens = self._generation.max_tokens
         compactor = self.policy.compactor
-        if history.prompt_ids and compactor and compactor.needed(len(prompt), max_tokens):
+        if (
+            user is not None
+            and history.prompt_ids
+            and compactor
+            and compactor.needed(len(prompt), max_tokens)
+        ):
             # The history outgrew its window: rebuild the base once (the cache breaks here only).
             with clock.measure("compact"):
                 compacted = await compactor.compact(
@@ -238,24 +249,33 @@ class TurnRunner:
         # The reply is out: both entries join the token-exact history in the same
         # locked transaction as the final status (``TurnEndings.finish``), so a turn another
         # worker has taken over meanwhile adds nothing to the history.
-        progress.history_entries = [
+        reply_seq = history.next_seq
+        entries: list[Message] = []
+        if user is not None:
+            entries.append(
+                Message(
+                    conversation_id=turn.conversation_id,
+                    seq=history.next_seq,
+                    parent_seq=history.head_seq,
+                    role="user",
+                    text=user.content,
+                    token_ids=pack_token_ids(user.token_ids),
+                    turn_id=turn.id,
+                )
+            )
+            reply_seq += 1
+        entries.append(
             Message(
                 conversation_id=turn.conversation_id,
-                seq=history.next_seq,
-                role="user",
-                text=user.content,
-                token_ids=pack_token_ids(user.token_ids),
-                turn_id=turn.id,
-            ),
-            Message(
-                conversation_id=turn.conversation_id,
-                seq=history.next_seq + 1,
+                seq=reply_seq,
+                parent_seq=entries[0].seq if entries else history.head_seq,
                 role="assistant",
                 text=progress.text,
                 token_ids=pack_token_ids(progress.generated),
                 turn_id=turn.id,
-            ),
-        ]
+            )
+        )
+        progress.history_entries = entries
 
     def _saving_partials(
         self, turn_id: str, progress: _Progress

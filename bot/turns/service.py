@@ -15,8 +15,9 @@ import hashlib
 import json
 import time
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import structlog
 from sqlalchemy import select
@@ -27,6 +28,8 @@ from bot.errors import ErrorClass
 from bot.storage import queries
 from bot.storage.models import InboundEvent, Turn, TurnStatus
 from bot.storage.text import storable, storable_or_none
+from bot.turns.branching import Edit, ForkRefused, fork_turn, latest_turn
+from bot.turns.branching import activate as activate_branch
 from bot.turns.cancellation import Cancellations
 from bot.turns.claims import LocalClaims, TurnClaims
 from bot.turns.ending import TurnEnd, TurnEndings, apply_to_row
@@ -41,6 +44,8 @@ PERSIST_TIMINGS_KEPT = 10_000
 FINAL_WRITE_TIMEOUT_S = 10.0
 """At shutdown, how long a stopped turn may take to record itself before it is cut off."""
 DECLINED_KEPT = 10_000
+EDIT_LOOKBACK_TURNS = 500
+"""How far back an edited chat message is looked for among a conversation's turns."""
 WORKER_RESTART_BACKOFF_S = (0.1, 0.5, 1.0, 2.0, 5.0)
 """Pauses before a crashed conversation worker starts again (the last one repeats)."""
 
@@ -184,6 +189,158 @@ class TurnService:
             self.streams.open(turn.id)
         self.schedule(conversation.id)
         return Accepted(turn.id, conversation.id, duplicate=False)
+
+    async def regenerate(self, turn_id: str, *, owner: str | None = None) -> Accepted:
+        """Answer ``turn_id``'s message again, as a new attempt (``bot.turns.branching``).
+
+        Raises ``ForkRefused`` (not the latest turn, not ended yet, conversation
+        closed) and ``LookupError`` (no such turn, or not ``owner``'s).
+        """
+        return await self._fork(turn_id, owner=owner, edit=None, event=None)
+
+    async def edit(self, turn_id: str, edit: Edit, *, owner: str | None = None) -> Accepted:
+        """Answer ``edit.text`` in place of ``turn_id``'s message, on a new branch."""
+        return await self._fork(turn_id, owner=owner, edit=edit, event=None)
+
+    async def regenerate_latest(
+        self, *, channel: str, owner: str, conversation_key: str
+    ) -> Accepted | None:
+        """``/retry``: regenerate the open conversation's latest turn; None if it has none.
+
+        Raises ``ForkRefused`` like ``regenerate`` (e.g. the reply is still being written).
+        """
+        async with self._sessions() as session:
+            conversation = await queries.find_open_conversation(
+                session, owner=owner, channel=channel, external_key=conversation_key
+            )
+            target = None if conversation is None else await latest_turn(session, conversation)
+        if target is None:
+            return None
+        return await self._fork(target.id, owner=owner, edit=None, event=None)
+
+    async def accept_edit(self, message: InboundMessage, edited: Mapping[str, Any]) -> Accepted:
+        """A chat platform's edit of an earlier message.
+
+        ``edited`` is the edited message's address as the channel stores it in
+        ``reply_to`` (a Telegram chat and message id). The latest turn's message:
+        an edit (``bot.turns.branching``), deduplicated on the delivery's event id
+        like ``accept``. A message no turn was made of (an unaddressed group
+        message, now addressed): a new message. An older turn's message: raises
+        ``ForkRefused``.
+        """
+        duplicate = await self._find_duplicate(message)
+        if duplicate is not None:
+            return duplicate
+        async with self._sessions() as session:
+            conversation = await queries.find_open_conversation(
+                session,
+                owner=message.owner,
+                channel=message.channel,
+                external_key=message.conversation_key,
+            )
+            target = None if conversation is None else await latest_turn(session, conversation)
+            addresses: list[dict[str, Any]] = []
+            if conversation is not None:
+                addresses = list(
+                    (
+                        await session.scalars(
+                            select(Turn.reply_to)
+                            .where(Turn.conversation_id == conversation.id)
+                            .order_by(Turn.seq.desc())
+                            .limit(EDIT_LOOKBACK_TURNS)
+                        )
+                    ).all()
+                )
+
+        def is_edited(address: Mapping[str, Any]) -> bool:
+            return all(address.get(name) == value for name, value in edited.items())
+
+        if target is not None and is_edited(target.reply_to):
+            return await self._fork(
+                target.id,
+                owner=message.owner,
+                edit=Edit(message.text, dict(message.reply_to)),
+                event=message,
+            )
+        if any(is_edited(address) for address in addresses):
+            raise ForkRefused("only the latest message can be edited")
+        return await self.accept(message)
+
+    async def _fork(
+        self,
+        turn_id: str,
+        *,
+        owner: str | None,
+        edit: Edit | None,
+        event: InboundMessage | None,
+    ) -> Accepted:
+        started = time.perf_counter()
+        try:
+            async with self._sessions() as session, session.begin():
+                if owner is not None:
+                    owned = await queries.get_turn_for_owner(session, turn_id, owner)
+                    target = owned[0] if owned is not None else None
+                else:
+                    target = await queries.get_turn(session, turn_id)
+                if target is None:
+                    raise LookupError(turn_id)
+                if self.fair_use is not None:
+                    await self.fair_use.admit(
+                        session,
+                        subjects_for(
+                            api_key_id=target.api_key_id,
+                            channel=target.channel,
+                            user_id=target.user_id,
+                        ),
+                    )
+                # Locks the conversation: the checks in fork_turn hold until commit.
+                seq = await queries.allocate_turn_seq(session, target.conversation_id)
+                turn = await fork_turn(session, target, seq, edit=edit)
+                session.add(turn)
+                await session.flush()
+                if event is not None:
+                    session.add(
+                        InboundEvent(
+                            channel=event.channel,
+                            event_id=event.event_id,
+                            conversation_id=turn.conversation_id,
+                            turn_id=turn.id,
+                        )
+                    )
+        except RateLimited as exc:
+            return Accepted("", "", duplicate=False, rate_limited=exc.refusal)
+        except IntegrityError:
+            existing = await self._find_duplicate(event) if event is not None else None
+            if existing is None:
+                raise
+            return existing
+        self._persist_ms[turn.id] = (time.perf_counter() - started) * 1000
+        if self.claims.exclusive:
+            self.streams.open(turn.id)
+        self.schedule(turn.conversation_id)
+        return Accepted(turn.id, turn.conversation_id, duplicate=False)
+
+    async def activate(self, turn_id: str, *, owner: str) -> int | None:
+        """Make the branch through ``turn_id``'s reply active (``bot.turns.branching.activate``).
+
+        None when the turn has no stored reply; ``ForkRefused`` while a turn of the
+        conversation is still being answered (its reply would land on the old branch).
+        """
+        async with self._sessions() as session, session.begin():
+            owned = await queries.get_turn_for_owner(session, turn_id, owner)
+            if owned is None:
+                raise LookupError(turn_id)
+            turn = owned[0]
+            await queries.allocate_turn_seq(session, turn.conversation_id)  # lock
+            open_turn = await session.scalar(
+                select(Turn.id).where(
+                    Turn.conversation_id == turn.conversation_id,
+                    Turn.status.in_((TurnStatus.QUEUED, TurnStatus.RUNNING)),
+                )
+            )
+            if open_turn is not None:
+                raise ForkRefused("a turn of this conversation is still being answered")
+            return await activate_branch(session, turn)
 
     def _refuse(self, message: InboundMessage, refusal: Refusal) -> Accepted:
         """Over a fair-use limit: tell the user when to try again; store nothing."""

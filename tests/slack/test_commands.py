@@ -23,8 +23,10 @@ from bot.channels.slack.commands import (
     DM_ONLY_TEXT,
     HELP_TEXT,
     NEW_TEXT,
+    NOTHING_TO_RETRY_TEXT,
     NOTHING_TO_STOP_TEXT,
     OTHER_APP_TEXT,
+    RETRYING_TEXT,
     STOPPING_TEXT,
     UNKNOWN_TEXT,
     SlashCommand,
@@ -240,6 +242,31 @@ async def test_stop_with_nothing_running_says_so(
     assert turn.status == "done"
 
 
+# -- /retry ------------------------------------------------------------------------------
+
+
+async def test_retry_in_a_dm_answers_the_last_message_again(
+    slack_api: FakeSlackApi, make_client: MakeClient, sqlite_url: str
+) -> None:
+    client = await make_client(sqlite_url, slack=slack_section(slack_api.base_url))
+    assert await post_command(client, command_form("/retry")) == (
+        200,
+        ephemeral(NOTHING_TO_RETRY_TEXT),
+    )
+    await post_event(client, dm_message("Ev1500DM", "1700000100.000300", "tell me a joke"))
+    await idle(client)
+    assert await post_command(client, command_form("/retry")) == (200, ephemeral(RETRYING_TEXT))
+    await idle(client)
+
+    first, again = await load_turns(sqlite_url)
+    assert (again.regenerates_turn_id, again.attempt, again.status) == (first.id, 2, "done")
+    assert again.conversation_id == first.conversation_id
+    assert again.prompt_tokens == first.prompt_tokens
+    # Both replies went to the DM: the first stays, the second is the new attempt.
+    replies = [m for m in slack_api.messages.values() if m.channel == DM]
+    assert len(replies) == 2
+
+
 # -- where the commands do not apply -----------------------------------------------------
 
 
@@ -249,7 +276,7 @@ async def test_in_a_channel_both_commands_point_to_the_dm_and_change_nothing(
     client = await make_client(sqlite_url, slack=slack_section(slack_api.base_url))
     await post_event(client, mention("Ev1400MENTION", THREAD))
     await idle(client)
-    for command in ("/new", "/stop"):
+    for command in ("/new", "/stop", "/retry"):
         assert await post_command(client, in_channel(command)) == (200, ephemeral(DM_ONLY_TEXT))
     [conversation] = await conversations_in(sqlite_url)
     assert conversation.external_key == f"{CHANNEL}:thread:{THREAD}"

@@ -9,6 +9,7 @@ from bot.channels.telegram.payloads import (
     IGNORED_UPDATE_TYPES,
     BotIdentity,
     Command,
+    EditedMessage,
     Ignored,
     Parsed,
     parse_update,
@@ -128,11 +129,18 @@ def test_group_commands_addressed_or_bare() -> None:
     assert isinstance(bare, Command) and bare.name == "stop"
 
 
-def test_edited_private_message_is_answered_as_a_new_turn() -> None:
+def test_edited_private_message_names_the_message_it_edits() -> None:
     parsed = parse("edited_message_private")
-    assert isinstance(parsed, InboundMessage)
-    assert parsed.text == "What is the capital of Italy?"
-    assert parsed.event_id == "510000022"  # its own update, so it dedupes on its own
+    assert isinstance(parsed, EditedMessage)
+    assert parsed.message.text == "What is the capital of Italy?"
+    assert parsed.message.event_id == "510000022"  # its own update, so it dedupes on its own
+    edited = load_update("edited_message_private")["edited_message"]
+    assert parsed.edited == {
+        "chat_id": edited["chat"]["id"],
+        "message_id": edited["message_id"],
+    }
+    # The turn of the original message stores the same address in its reply_to.
+    assert all(parsed.message.reply_to[key] == value for key, value in parsed.edited.items())
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,13 @@ import pytest
 from click.testing import CliRunner
 
 from bot.channels.telegram.cli import telegram
-from bot.channels.telegram.commands import HELP_TEXT, NEW_TEXT, NOTHING_TO_STOP_TEXT
+from bot.channels.telegram.commands import (
+    EDIT_REFUSED_TEXT,
+    HELP_TEXT,
+    NEW_TEXT,
+    NOTHING_TO_RETRY_TEXT,
+    NOTHING_TO_STOP_TEXT,
+)
 from bot.channels.telegram.render import Renderer
 from bot.config import load_settings
 from bot.engine.vllm_local import LocalVLLMEngine
@@ -21,7 +27,7 @@ from tests.conftest import MakeClient
 from tests.engines import MeetingEngine, SlowEngine
 from tests.fakes.telegram_api import FakeTelegram
 from tests.fakes.telegram_html import parse_html
-from tests.helpers import count_rows
+from tests.helpers import count_rows, load_history_rows
 from tests.telegram.conftest import (
     BOT_TOKEN,
     GROUP_CHAT,
@@ -303,25 +309,78 @@ async def test_webhook_admin_commands(
     assert "url: (none: no webhook set)" in await botctl("webhook-info", "testbot")
 
 
-async def test_an_edited_message_is_answered_as_a_new_turn(start_service: Any) -> None:
-    service: Service = await start_service()
-    original = private_update("What is the capital of Frnace?")
-    assert await service.post(original) == 200
-    await service.idle()
+def edit_of(original: dict[str, Any], text: str) -> dict[str, Any]:
     edited = copy.deepcopy(original)
     edited["update_id"] = next(update_ids)
     edited["edited_message"] = edited.pop("message")
-    edited["edited_message"]["text"] = "What is the capital of France?"
+    edited["edited_message"]["text"] = text
     edited["edited_message"]["edit_date"] = edited["edited_message"]["date"] + 5
+    return edited
+
+
+async def test_an_edited_last_message_is_answered_on_a_branch_from_before_it(
+    start_service: Any,
+) -> None:
+    service: Service = await start_service()
+    hello = private_update("Hello!")
+    assert await service.post(hello) == 200
+    await service.idle()
+    original = private_update("What is the capital of Frnace?")
+    assert await service.post(original) == 200
+    await service.idle()
+    edited = edit_of(original, "What is the capital of France?")
     assert await service.post(edited) == 200
+    assert await service.post(edited) == 200  # redelivered: one turn
     await service.idle()
 
-    turns = sorted(await service.turns(), key=lambda turn: turn.seq)
-    assert [turn.user_text for turn in turns] == [
-        "What is the capital of Frnace?",
-        "What is the capital of France?",
+    _, typo, fixed = sorted(await service.turns(), key=lambda turn: turn.seq)
+    assert fixed.user_text == "What is the capital of France?"
+    assert (fixed.status, fixed.edits_turn_id) == ("done", typo.id)
+    assert fixed.reply_to["message_id"] == original["message"]["message_id"]
+    # The corrected text follows the first reply, not the answer to the typo.
+    rows = await load_history_rows(service.db_url)
+    [typo_entry] = [row for row in rows if row.turn_id == typo.id and row.role == "user"]
+    [fixed_entry] = [row for row in rows if row.turn_id == fixed.id and row.role == "user"]
+    assert typo_entry.parent_seq == fixed_entry.parent_seq
+    assert [row.role for row in rows if row.seq == fixed_entry.parent_seq] == ["assistant"]
+    assert len(service.fake.texts(PRIVATE_CHAT)) == 3  # three replies, no notice
+
+    # An edit of an older message gets a notice and no turn.
+    older = edit_of(hello, "Hi!")
+    assert await service.post(older) == 200
+    await service.fake.wait_until(
+        lambda: service.fake.texts(PRIVATE_CHAT)[-1] == EDIT_REFUSED_TEXT, what="notice"
+    )
+    await service.idle()
+    assert len(await service.turns()) == 3
+
+
+async def test_retry_answers_the_last_message_again_and_keeps_the_first_reply(
+    start_service: Any,
+) -> None:
+    service: Service = await start_service()
+    assert await service.post(command_update("retry")) == 200
+    await service.fake.wait_until(
+        lambda: service.fake.texts(PRIVATE_CHAT) == [NOTHING_TO_RETRY_TEXT], what="notice"
+    )
+    assert await service.post(private_update("Tell me a joke.")) == 200
+    await service.idle()
+    retry = command_update("retry")
+    assert await service.post(retry) == 200
+    assert await service.post(retry) == 200  # redelivered: one retry
+    await service.idle()
+
+    first, again = sorted(await service.turns(), key=lambda turn: turn.seq)
+    assert (again.regenerates_turn_id, again.attempt, again.status) == (first.id, 2, "done")
+    assert again.user_text == first.user_text
+    assert again.prompt_tokens == first.prompt_tokens
+    rows = await load_history_rows(service.db_url)
+    assert [(row.role, row.parent_seq) for row in rows] == [
+        ("user", None),
+        ("assistant", 0),
+        ("assistant", 0),
     ]
-    assert turns[0].conversation_id == turns[1].conversation_id
+    assert len(service.fake.texts(PRIVATE_CHAT)) == 3  # notice, reply, second reply
 
 
 async def test_a_message_over_the_length_limit_is_declined_once_with_the_limit(

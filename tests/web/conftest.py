@@ -5,9 +5,10 @@ from __future__ import annotations
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
-from playwright.async_api import Browser
+from playwright.async_api import Browser, Page
 
 CHROMIUM = Path(os.environ.get("BOT_TEST_CHROMIUM", "/usr/bin/chromium"))
 # This machine has no network: every background connection Chromium would make must be off.
@@ -46,3 +47,16 @@ async def browser() -> AsyncIterator[Browser]:
 def artifacts() -> Path:
     ARTIFACTS.mkdir(exist_ok=True)
     return ARTIFACTS
+
+
+PHONE = {"width": 390, "height": 844}
+"""A phone's viewport: the page must fit it without sideways scrolling."""
+
+
+def base_url(client: Any) -> str:
+    return str(client.make_url("/"))
+
+
+async def send(page: Page, text: str) -> None:
+    await page.get_by_label("Message").fill(text)
+    await page.get_by_label("Message").press("Enter")

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
 
-from playwright.async_api import Browser, Page, expect
+from playwright.async_api import Browser, expect
 
 from bot.engine.vllm_local import LocalVLLMEngine
 from tests.conftest import MakeClient, issue_key
 from tests.engines import DownEngine, TrickleEngine
+from tests.web.conftest import PHONE, base_url, send
 
-PHONE = {"width": 390, "height": 844}
 # Records every length the first reply had while it streamed, before the timing bar appeared.
 WATCH_REPLIES = """
 () => {
@@ -27,15 +26,6 @@ WATCH_REPLIES = """
   }).observe(document.getElementById('messages'), watch);
 }
 """
-
-
-def base_url(client: Any) -> str:
-    return str(client.make_url("/"))
-
-
-async def send(page: Page, text: str) -> None:
-    await page.get_by_label("Message").fill(text)
-    await page.get_by_label("Message").press("Enter")
 
 
 async def test_sign_in_chat_stream_timing_reload(

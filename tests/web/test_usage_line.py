@@ -9,7 +9,7 @@ from playwright.async_api import Browser, expect
 
 from tests.conftest import MakeClient, issue_key
 from tests.helpers import auth
-from tests.web.test_page_e2e import PHONE, base_url, send
+from tests.web.conftest import PHONE, base_url, send
 
 DAILY = 20_000
 

@@ -1,6 +1,12 @@
 """Turns as the API shows them: one (``GET /v1/turns/{id}``) or a conversation's, oldest
 first (``GET /v1/conversations/{conversation_id}/turns``).
 
+The turns of the active branch of the history tree (``bot.turns.branching``):
+a regenerated reply or an edited message hides the turn it replaced, which is
+still listed, by id, in ``alternatives`` of the turn that replaced it (each
+turn of the same point of the tree, oldest first; empty when there is one),
+so a client can show "2/3" and switch with ``POST /v1/turns/{id}/activate``.
+
 The web page reads it to show a conversation again after a reload. Like every
 API read, it only sees the key owner's conversations: another owner's id is
 simply an empty conversation.
@@ -16,8 +22,9 @@ from bot.channels.api.auth import authenticate_chat
 from bot.channels.registry import API
 from bot.errors import USER_MESSAGES, ErrorClass
 from bot.http.keys import READ_SESSIONS
-from bot.storage.models import Turn
+from bot.storage.models import Conversation, Turn
 from bot.storage.queries import recent_turns
+from bot.turns.branching import tree_view
 from bot.turns.ending import usage
 
 MAX_TURNS = 200
@@ -36,7 +43,7 @@ def public_error(error_class: str | None) -> str | None:
     return USER_MESSAGES[known.get(error_class, ErrorClass.INTERNAL)]
 
 
-def turn_document(turn: Turn, conversation_key: str) -> dict[str, Any]:
+def turn_document(turn: Turn, conversation_key: str, *, attempts: int = 1) -> dict[str, Any]:
     layer_ms = dict(turn.layer_ms or {})
     return {
         "turn_id": turn.id,
@@ -51,6 +58,10 @@ def turn_document(turn: Turn, conversation_key: str) -> dict[str, Any]:
         "timings_ms": layer_ms,
         "coalesced_into": turn.coalesced_into,
         "compaction_id": turn.compaction_id,
+        "attempt": turn.attempt,
+        "attempts": max(attempts, turn.attempt),
+        "regenerates_turn_id": turn.regenerates_turn_id,
+        "edits_turn_id": turn.edits_turn_id,
         "created_at": turn.created_at.isoformat(),
     }
 
@@ -68,13 +79,23 @@ async def conversation_turns(request: web.Request) -> web.Response:
             conversation_key=key,
             limit=MAX_TURNS,
         )
-    return web.json_response(
-        {
-            "conversation_id": key,
-            "owner": principal.owner,
-            "turns": [turn_document(t, key) for t in turns],
-        }
-    )
+        documents: list[dict[str, Any]] = []
+        conversation = await session.get(Conversation, turns[0].conversation_id) if turns else None
+        if conversation is not None:
+            view = await tree_view(session, conversation, turns)
+            attempts: dict[str, int] = {}
+            for turn in turns:
+                root = turn.regenerates_turn_id or turn.id
+                attempts[root] = max(attempts.get(root, 1), turn.attempt)
+            for turn in turns:
+                if turn.id not in view.active:
+                    continue
+                document = turn_document(
+                    turn, key, attempts=attempts[turn.regenerates_turn_id or turn.id]
+                )
+                document["alternatives"] = view.alternatives.get(turn.id, [])
+                documents.append(document)
+    return web.json_response({"conversation_id": key, "owner": principal.owner, "turns": documents})
 
 
 def setup(app: web.Application) -> None:

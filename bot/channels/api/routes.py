@@ -11,9 +11,10 @@ import aiohttp
 from aiohttp import web
 
 from bot.apikeys import Principal
-from bot.channels.api import history, usage
+from bot.channels.api import branches, history, usage
 from bot.channels.api.auth import authenticate_chat
 from bot.channels.api.history import turn_document
+from bot.channels.api.streaming import reserve_stream, stream_turn, wants_event_stream
 from bot.channels.base import InboundMessage, SilentChannel
 from bot.channels.ingress import IngressClock, PostedMessage, rate_limited, read_posted
 from bot.channels.registry import API
@@ -27,16 +28,12 @@ from bot.http.keys import (
     TURNS,
 )
 from bot.http.ops import METRICS
-from bot.http.readers import EventStreamReaders, StreamSlot
-from bot.http.sse import event_stream_response, pump_events
+from bot.http.readers import EventStreamReaders
 from bot.storage.models import Turn
 from bot.storage.queries import get_turn_for_owner
+from bot.turns.branching import attempts_of
 from bot.turns.followers import TurnFollowers
 from bot.turns.service import TurnService, api_event_id
-
-
-def _wants_event_stream(request: web.Request) -> bool:
-    return "text/event-stream" in request.headers.get("Accept", "")
 
 
 async def post_message(request: web.Request) -> web.StreamResponse:
@@ -51,7 +48,7 @@ async def post_message(request: web.Request) -> web.StreamResponse:
         return message
 
     # A streamed answer needs a stream slot: over the key's cap, nothing is stored.
-    slot = _reserve_stream(request, principal) if _wants_event_stream(request) else None
+    slot = reserve_stream(request, principal) if wants_event_stream(request) else None
     if isinstance(slot, web.Response):
         return slot
     turns = request.app[TURNS]
@@ -78,7 +75,7 @@ async def post_message(request: web.Request) -> web.StreamResponse:
             slot.release()
         return rate_limited(accepted.rate_limited)
     if slot is not None:
-        return await _stream_turn(request, accepted.turn_id, 0, slot)
+        return await stream_turn(request, accepted.turn_id, 0, slot)
     return web.json_response(
         {
             "turn_id": accepted.turn_id,
@@ -108,7 +105,9 @@ async def get_turn(request: web.Request) -> web.Response:
     if isinstance(found, web.Response):
         return found
     turn, key, _ = found
-    return web.json_response(turn_document(turn, key))
+    async with request.app[READ_SESSIONS]() as session:
+        attempts = await attempts_of(session, turn)
+    return web.json_response(turn_document(turn, key, attempts=attempts))
 
 
 async def cancel_turn(request: web.Request) -> web.Response:
@@ -130,50 +129,10 @@ async def turn_events(request: web.Request) -> web.StreamResponse:
     if isinstance(found, web.Response):
         return found
     turn, _, principal = found
-    slot = _reserve_stream(request, principal)
+    slot = reserve_stream(request, principal)
     if isinstance(slot, web.Response):
         return slot
-    return await _stream_turn(request, turn.id, _resume_offset(request), slot)
-
-
-def _reserve_stream(request: web.Request, principal: Principal) -> StreamSlot | web.Response:
-    readers = request.app[STREAM_READERS]
-    slot = readers.reserve(principal.key_id, request)
-    if slot is None:
-        return json_error(
-            429,
-            "rate_limited",
-            f"this API key has {readers.open_for(principal.key_id)} event streams open; "
-            f"the limit is {readers.max_per_key}: close one (or read with GET /v1/turns/{{id}})",
-            limit="server.max_streams_per_key",
-        )
-    return slot
-
-
-async def _stream_turn(
-    request: web.Request, turn_id: str, offset: int, slot: StreamSlot
-) -> web.StreamResponse:
-    """Stream the turn's events from ``offset``; the slot is released when the stream ends.
-
-    A reader who left (before the headers, mid-stream or before the end) ends the
-    handler quietly: the turn goes on and can be read again with Last-Event-ID.
-    """
-    response = event_stream_response()
-    try:
-        await response.prepare(request)
-        finished = await pump_events(
-            response,
-            request.app[TURN_FOLLOWERS].follow(turn_id, offset),
-            gone=slot.gone,
-            keepalive_s=request.app[SETTINGS].server.sse_keepalive_s,
-        )
-        if finished:
-            await response.write_eof()
-    except (ConnectionResetError, aiohttp.ClientConnectionResetError):
-        pass
-    finally:
-        slot.release()
-    return response
+    return await stream_turn(request, turn.id, _resume_offset(request), slot)
 
 
 def setup(
@@ -197,3 +156,4 @@ def setup(
     app.router.add_post("/v1/turns/{turn_id}/cancel", cancel_turn)
     history.setup(app)
     usage.setup(app)
+    branches.setup(app)

@@ -116,7 +116,9 @@ async def resolve(
     conversation = await queries.open_conversation(
         session, owner=owner, channel=channel, external_key=key
     )
-    session.add_all(history_entries(conversation.id, exchanges, chat_format))
+    entries = history_entries(conversation.id, exchanges, chat_format)
+    session.add_all(entries)
+    conversation.head_seq = entries[-1].seq
     return Thread(key, Continuation.REBUILT, hashed)
 
 
@@ -143,6 +145,7 @@ def history_entries(
             Message(
                 conversation_id=conversation_id,
                 seq=seq,
+                parent_seq=seq - 1 if seq else None,
                 role="user",
                 text=user.content,
                 token_ids=pack_token_ids(user.token_ids),
@@ -152,6 +155,7 @@ def history_entries(
             Message(
                 conversation_id=conversation_id,
                 seq=seq + 1,
+                parent_seq=seq,
                 role="assistant",
                 text=exchange.assistant,
                 token_ids=pack_token_ids(reply),

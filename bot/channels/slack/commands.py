@@ -1,5 +1,6 @@
-"""Slash commands: ``/new`` starts a fresh conversation, ``/stop`` stops the reply, ``/stats``
-shows the user's usage today (``/stats all``: every user's, for the app's admins).
+"""Slash commands: ``/new`` starts a fresh conversation, ``/stop`` stops the reply, ``/retry``
+answers the last message again (``bot.turns.branching``: the earlier reply stays stored),
+``/stats`` shows the user's usage today (``/stats all``: every user's, for the app's admins).
 
 Slack POSTs a command as an ``application/x-www-form-urlencoded`` form
 (``team_id``, ``channel_id``, ``channel_name``, ``user_id``, ``command``,
@@ -12,7 +13,8 @@ Where the commands apply:
 - In a DM with the bot, the DM is one endless conversation; the command
   addresses it with the key ``events.dm_conversation_key`` gives the DM's
   messages, so ``/new`` closes exactly the history those messages extend and
-  ``/stop`` stops exactly the reply they are getting.
+  ``/stop`` stops exactly the reply they are getting, and ``/retry`` answers
+  the DM's last message again.
 - In a channel (or a group DM) every top-level mention already starts its own
   thread and its own conversation, so ``/new`` has nothing to do; and Slack
   does not let app commands be typed inside a thread, so a command there can
@@ -34,6 +36,7 @@ from urllib.parse import parse_qs
 
 from bot.channels.slack.payloads import dm_conversation_key
 from bot.channels.stats import NO_ADMINS, AdminCheck, stats_answer
+from bot.turns.branching import ForkRefused
 from bot.turns.service import TurnService
 from bot.turns.usage import UsageReports
 
@@ -42,6 +45,7 @@ HELP_TEXT = (
     "In our DM:\n"
     "`/new` - start a new conversation (I forget the earlier one)\n"
     "`/stop` - stop the reply I am writing\n"
+    "`/retry` - answer your last message again\n"
     "Anywhere:\n"
     "`/stats` - your messages and tokens today, and your daily limit"
 )
@@ -49,8 +53,11 @@ UNKNOWN_TEXT = "I do not know that command.\n\n" + HELP_TEXT
 NEW_TEXT = "Started a new conversation."
 STOPPING_TEXT = "Stopping the reply."
 NOTHING_TO_STOP_TEXT = "Nothing to stop."
+RETRYING_TEXT = "Answering your last message again."
+NOTHING_TO_RETRY_TEXT = "Nothing to retry: send me a message first."
+RETRY_REFUSED_TEXT = "I cannot retry now: {reason}."
 DM_ONLY_TEXT = (
-    "`/new` and `/stop` work in a direct message with me. In a channel, each thread "
+    "`/new`, `/stop` and `/retry` work in a direct message with me. In a channel, each thread "
     "is its own conversation: mention me at the top level to start a new one."
 )
 OTHER_APP_TEXT = "This bot is not set up for this Slack app."
@@ -58,8 +65,13 @@ OTHER_APP_TEXT = "This bot is not set up for this Slack app."
 # Slack's channel ids: ``D`` for a DM, ``C``/``G`` for channels and group DMs.
 DM_CHANNEL_PREFIX = "D"
 
-CommandName = Literal["new", "stop", "stats", "unknown"]
-_KNOWN: dict[str, CommandName] = {"/new": "new", "/stop": "stop", "/stats": "stats"}
+CommandName = Literal["new", "stop", "retry", "stats", "unknown"]
+_KNOWN: dict[str, CommandName] = {
+    "/new": "new",
+    "/stop": "stop",
+    "/retry": "retry",
+    "/stats": "stats",
+}
 
 
 class MalformedCommand(ValueError):
@@ -132,5 +144,17 @@ async def run_command(
     if command.name == "new":
         await turns.new_conversation(channel=channel, owner=owner, conversation_key=key)
         return NEW_TEXT
+    if command.name == "retry":
+        try:
+            accepted = await turns.regenerate_latest(
+                channel=channel, owner=owner, conversation_key=key
+            )
+        except ForkRefused as exc:
+            return RETRY_REFUSED_TEXT.format(reason=exc.reason)
+        if accepted is None:
+            return NOTHING_TO_RETRY_TEXT
+        if accepted.rate_limited is not None:
+            return accepted.rate_limited.user_message
+        return RETRYING_TEXT
     stopping = await turns.cancel_active(channel=channel, owner=owner, conversation_key=key)
     return STOPPING_TEXT if stopping else NOTHING_TO_STOP_TEXT

@@ -1,4 +1,5 @@
 """The bot's commands: ``/start`` and ``/help`` explain, ``/new`` starts over, ``/stop`` stops,
+``/retry`` answers the last message again (``bot.turns.branching``: the earlier reply is kept),
 ``/stats`` shows the sender's usage today (``/stats all``: everyone's, for admins).
 
 ``/new`` and ``/stop`` act before the webhook answers, so they take effect in
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 from bot.channels.stats import NO_ADMINS, AdminCheck, stats_answer
 from bot.channels.telegram.payloads import Command
+from bot.turns.branching import ForkRefused
 from bot.turns.service import TurnService
 from bot.turns.usage import UsageReports
 
@@ -18,11 +20,19 @@ HELP_TEXT = (
     "In a group, mention me or reply to one of my messages.\n\n"
     "/new - start a new conversation (I forget the earlier one)\n"
     "/stop - stop the reply I am writing\n"
+    "/retry - answer your last message again\n"
+    "Edit your last message and I answer the new text instead.\n"
     "/stats - your messages and tokens today, and your daily limit\n"
     "/help - this help"
 )
 NEW_TEXT = "Started a new conversation."
 NOTHING_TO_STOP_TEXT = "Nothing to stop."
+NOTHING_TO_RETRY_TEXT = "Nothing to retry: send me a message first."
+RETRY_REFUSED_TEXT = "I cannot retry now: {reason}."
+EDIT_REFUSED_TEXT = (
+    "Only your last message can be edited: I answered the later ones from the old text. "
+    "Send the correction as a new message."
+)
 UNKNOWN_TEXT = "I do not know that command.\n\n" + HELP_TEXT
 
 
@@ -56,6 +66,18 @@ async def run_command(
             args=command.args,
             is_admin=is_admin,
         )
+    if command.name == "retry":
+        try:
+            accepted = await turns.regenerate_latest(
+                channel=channel, owner=channel, conversation_key=command.conversation_key
+            )
+        except ForkRefused as exc:
+            return RETRY_REFUSED_TEXT.format(reason=exc.reason)
+        if accepted is None:
+            return NOTHING_TO_RETRY_TEXT
+        if accepted.rate_limited is not None:
+            return accepted.rate_limited.user_message
+        return None  # the new reply says it all
     if command.name == "unknown":
         return UNKNOWN_TEXT
     return HELP_TEXT

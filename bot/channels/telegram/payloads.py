@@ -16,10 +16,13 @@ its messages, or one of its commands (``/new`` or ``/new@username``; a
 command for another bot is ignored). The mention is cut from the text, and
 the turn carries the sender's name so the model knows who speaks.
 
-Edited messages: the history is append-only and token-exact, so an edit
-cannot rewrite the earlier turn. An edit of an addressed message is answered
-as a new turn with the corrected text, which is what a user who fixes a typo
-expects; an edit that is not addressed (or is a command) is ignored.
+Edited messages: an edit of the message the latest turn answered is an edit
+in the history tree (``bot.turns.branching``): the corrected text is answered
+from the history before the old message, on a new branch, and the old reply
+stays stored. An edit of an older message gets a short notice (the turns
+after it answered the old text); an edit of a message no turn was made of
+(a group message that now mentions the bot) is a new message; an edit that
+is not addressed (or is a command) is ignored.
 """
 
 from __future__ import annotations
@@ -58,8 +61,8 @@ IGNORED_UPDATE_TYPES = frozenset(
     }
 )
 
-CommandName = Literal["start", "help", "new", "stop", "stats", "unknown"]
-COMMANDS: frozenset[str] = frozenset({"start", "help", "new", "stop", "stats"})
+CommandName = Literal["start", "help", "new", "stop", "retry", "stats", "unknown"]
+COMMANDS: frozenset[str] = frozenset({"start", "help", "new", "stop", "retry", "stats"})
 
 
 @dataclass(frozen=True)
@@ -87,7 +90,16 @@ class Command:
     user_id: str | None
 
 
-Parsed = InboundMessage | Command | Ignored
+@dataclass(frozen=True)
+class EditedMessage:
+    """An edited message: ``message`` carries the new text, ``edited`` names the old one."""
+
+    message: InboundMessage
+    edited: dict[str, Any]
+    """The address the turn of the original message stores in ``reply_to``."""
+
+
+Parsed = InboundMessage | Command | Ignored | EditedMessage
 
 
 def _utf16_slice(text: str, offset: int, length: int) -> tuple[int, int]:
@@ -174,7 +186,7 @@ def parse_update(update: dict[str, Any], *, bot: BotIdentity, channel: str) -> P
             start, end = mention
             trimmed = (text[:start] + text[end:]).strip()
             text = trimmed or text
-    return InboundMessage(
+    inbound = InboundMessage(
         channel=channel,
         event_id=str(update["update_id"]),
         owner=channel,
@@ -184,6 +196,9 @@ def parse_update(update: dict[str, Any], *, bot: BotIdentity, channel: str) -> P
         user_name=_display_name(message) if group else None,
         reply_to=reply_to,
     )
+    if edited:
+        return EditedMessage(inbound, {"chat_id": chat_id, "message_id": reply_to["message_id"]})
+    return inbound
 
 
 def _command(

@@ -27,13 +27,21 @@ from bot.channels.registry import TELEGRAM
 from bot.channels.stats import NO_ADMINS, AdminCheck
 from bot.channels.telegram.api import TelegramApi, TelegramApiError
 from bot.channels.telegram.channel import TelegramChannel
-from bot.channels.telegram.commands import run_command
-from bot.channels.telegram.payloads import BotIdentity, Command, Ignored, parse_update
+from bot.channels.telegram.commands import EDIT_REFUSED_TEXT, run_command
+from bot.channels.telegram.payloads import (
+    BotIdentity,
+    Command,
+    EditedMessage,
+    Ignored,
+    parse_update,
+)
 from bot.channels.telegram.settings import TelegramBotSettings
 from bot.config import Settings
+from bot.errors import ErrorClass
 from bot.http.body import BodyError, parse_json_object, read_body
 from bot.http.errors import json_error
 from bot.http.keys import SETTINGS, TURNS, USAGE
+from bot.turns.branching import ForkRefused
 from bot.turns.service import TurnService
 
 log = structlog.get_logger(__name__)
@@ -186,13 +194,26 @@ async def post_update(request: web.Request) -> web.Response:
                 bot.send_notice(parsed, notice)
         return web.Response(status=200)
 
+    edited: dict[str, Any] | None = None
+    if isinstance(parsed, EditedMessage):
+        edited = parsed.edited
+        parsed = parsed.message
     if declined_too_long(request.app[TURNS], parsed, settings.server.max_text_chars):
         log.info("telegram_declined", reason="text too long", **log_fields)
         return web.Response(status=200)
     message = dataclasses.replace(
         parsed, layer_ms=clock.first_layers(), received_at=clock.received_at
     )
-    accepted = await request.app[TURNS].accept(message)
+    turns = request.app[TURNS]
+    if edited is None:
+        accepted = await turns.accept(message)
+    else:
+        try:
+            accepted = await turns.accept_edit(message, edited)
+        except ForkRefused:
+            log.info("telegram_declined", reason="edit of an older message", **log_fields)
+            turns.decline(message, ErrorClass.BAD_REQUEST, EDIT_REFUSED_TEXT)
+            return web.Response(status=200)
     log.info(
         "telegram_accepted", turn_id=accepted.turn_id, duplicate=accepted.duplicate, **log_fields
     )

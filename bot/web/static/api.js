@@ -91,6 +91,18 @@ export class Api {
     });
   }
 
+  regenerate(turnId) {
+    return this.json("POST", `/v1/turns/${encodeURIComponent(turnId)}/regenerate`);
+  }
+
+  edit(turnId, text) {
+    return this.json("POST", `/v1/turns/${encodeURIComponent(turnId)}/edit`, { text });
+  }
+
+  activate(turnId) {
+    return this.json("POST", `/v1/turns/${encodeURIComponent(turnId)}/activate`);
+  }
+
   cancel(turnId) {
     return this.json("POST", `/v1/turns/${encodeURIComponent(turnId)}/cancel`);
   }

@@ -1,4 +1,6 @@
-// The chat page: sign in, show the conversation, stream replies, keep it across reloads.
+// The chat page: sign in, show the conversation, stream replies, keep it across reloads;
+// regenerate the last reply, edit the last message, and page through the versions "‹ 2/3 ›"
+// of an exchange (the conversation's history is a tree: each version is a branch).
 
 import { Api, ApiError } from "./api.js";
 import { renderError } from "./errors.js";
@@ -14,6 +16,7 @@ let api = null;
 let conversationId = null;
 let activeTurnId = null;
 let owner = "";
+let views = []; // the turn views on screen, oldest first; each knows its turnId once stored
 
 function randomId(prefix) {
   // getRandomValues works on plain http too (randomUUID needs a secure context).
@@ -84,7 +87,68 @@ function addTurnView(userText) {
   item.append(user, bot);
   $("messages").append(item);
   item.scrollIntoView({ block: "end" });
-  return { item, bot, text, meta, source: "", pending: 0 };
+  const view = { item, user, bot, text, meta, source: "", pending: 0, turnId: null };
+  views.push(view);
+  return view;
+}
+
+function controlButton(label, title, onClick) {
+  const button = document.createElement("button");
+  button.type = "button";
+  button.textContent = label;
+  button.title = title;
+  button.setAttribute("aria-label", title);
+  button.addEventListener("click", onClick);
+  return button;
+}
+
+function clearControls() {
+  for (const bar of document.querySelectorAll(".turn-controls")) bar.remove();
+}
+
+// Under each turn: "‹ 2/3 ›" when the exchange has versions; under the last one, once it
+// has ended, Regenerate and Edit.
+function showControls(turns) {
+  clearControls();
+  turns.forEach((turn, index) => {
+    const view = views[index];
+    const bar = document.createElement("div");
+    bar.className = "turn-controls";
+    const versions = turn.alternatives || [];
+    if (versions.length > 1) {
+      const at = versions.indexOf(turn.turn_id);
+      const nav = document.createElement("span");
+      nav.className = "versions";
+      const previous = controlButton("‹", "Previous version", () => switchTo(versions[at - 1]));
+      previous.disabled = at <= 0;
+      const position = document.createElement("span");
+      position.className = "version-position";
+      position.textContent = `${at + 1}/${versions.length}`;
+      const next = controlButton("›", "Next version", () => switchTo(versions[at + 1]));
+      next.disabled = at >= versions.length - 1;
+      nav.append(previous, position, next);
+      bar.append(nav);
+    }
+    const ended = turn.status === "done" || turn.status === "failed";
+    if (index === turns.length - 1 && ended) {
+      bar.append(
+        controlButton("Regenerate", "Regenerate the reply", () => regenerate(turn)),
+        controlButton("Edit", "Edit your text", () => startEdit(view, turn)),
+      );
+    }
+    if (bar.childElementCount) view.item.append(bar);
+  });
+}
+
+// After a turn ends: the controls from the stored tree (a full redraw if the page and the
+// server disagree on which turns are shown).
+async function refreshControls() {
+  const conversation = await api.history(conversationId);
+  const same =
+    conversation.turns.length === views.length &&
+    conversation.turns.every((turn, index) => turn.turn_id === views[index].turnId);
+  if (same) showControls(conversation.turns);
+  else await restore(conversation.turns);
 }
 
 // The reply so far, rendered from Markdown; at most once a frame however fast deltas come.
@@ -138,14 +202,17 @@ function handleFailure(view, error) {
   }
 }
 
-async function send(text) {
+async function answer(text, start) {
   clearError();
+  clearControls();
   const view = addTurnView(text);
   view.bot.classList.add("streaming");
   setBusy(true);
   try {
-    const accepted = await api.send(conversationId, randomId("msg-"), text);
+    const accepted = await start();
+    view.turnId = accepted.turn_id;
     await streamInto(view, accepted.turn_id);
+    await refreshControls();
   } catch (error) {
     handleFailure(view, error);
   } finally {
@@ -154,16 +221,73 @@ async function send(text) {
   }
 }
 
+function send(text) {
+  return answer(text, () => api.send(conversationId, randomId("msg-"), text));
+}
+
+// The new attempt takes the last turn's place on screen; the old one stays a version.
+function replaceLast() {
+  const last = views.pop();
+  if (last) last.item.remove();
+}
+
+function regenerate(turn) {
+  if ($("send").disabled) return;
+  replaceLast();
+  return answer(turn.text, () => api.regenerate(turn.turn_id));
+}
+
+function startEdit(view, turn) {
+  if ($("send").disabled) return;
+  clearControls();
+  const form = document.createElement("form");
+  form.className = "bubble user edit-form";
+  const box = document.createElement("textarea");
+  box.value = turn.text;
+  box.setAttribute("aria-label", "Edited text");
+  const save = document.createElement("button");
+  save.type = "submit";
+  save.textContent = "Save and answer";
+  const cancel = controlButton("Cancel", "Cancel the edit", () => {
+    form.replaceWith(view.user);
+    refreshControls().catch((error) => showError(error.errorClass || "internal", error.message));
+  });
+  form.append(box, save, cancel);
+  form.addEventListener("submit", (event) => {
+    event.preventDefault();
+    const text = box.value;
+    if (!text.trim()) return;
+    replaceLast();
+    answer(text, () => api.edit(turn.turn_id, text));
+  });
+  view.user.replaceWith(form);
+  box.focus();
+}
+
+async function switchTo(turnId) {
+  if (!turnId || $("send").disabled) return;
+  clearError();
+  try {
+    await api.activate(turnId);
+    await restore((await api.history(conversationId)).turns);
+  } catch (error) {
+    showError(error.errorClass || "internal", error.message);
+  }
+}
+
 async function restore(turns) {
   $("messages").replaceChildren();
+  views = [];
   const unfinished = [];
   for (const turn of turns) {
     const view = addTurnView(turn.text);
+    view.turnId = turn.turn_id;
     showReply(view, turn.reply || "");
     if (turn.status === "done") finishView(view, turn.usage, turn.timings_ms);
     else if (turn.status === "failed") failView(view, turn.error_class || "internal", "");
     else unfinished.push([view, turn.turn_id]);
   }
+  if (!unfinished.length) showControls(turns);
   // A reply still being generated when the page was reloaded: follow it again.
   for (const [view, turnId] of unfinished) {
     showReply(view, "");
@@ -176,6 +300,7 @@ async function restore(turns) {
       setBusy(false);
     }
   }
+  if (unfinished.length) await refreshControls().catch(() => {});
 }
 
 async function signIn(key) {
@@ -206,6 +331,7 @@ function newConversation() {
   conversationId = randomId("web-");
   localStorage.setItem(CONVERSATION_STORAGE, conversationId);
   $("messages").replaceChildren();
+  views = [];
   clearError();
   if (api) showChat();
 }
@@ -242,6 +368,7 @@ function wire() {
   $("sign-out").addEventListener("click", () => {
     localStorage.removeItem(KEY_STORAGE);
     $("messages").replaceChildren();
+    views = [];
     $("conversation-label").textContent = "";
     $("usage").hidden = true;
     clearError();

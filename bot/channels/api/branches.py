@@ -1,0 +1,110 @@
+"""Regenerate, edit and switch branches (``bot.turns.branching``) over the HTTP API.
+
+``POST /v1/turns/{id}/regenerate`` and ``POST /v1/turns/{id}/edit`` answer like
+``POST /v1/messages``: 202 with the new turn once it is stored, or its events
+as Server-Sent Events when the client asks for ``text/event-stream``. A turn
+that cannot be forked now (not the conversation's latest, still being
+answered, conversation closed) gets 409 with the reason; nothing is stored.
+``POST /v1/turns/{id}/activate`` makes the branch through that turn's reply
+the active one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+from bot.channels.api.auth import authenticate_chat
+from bot.channels.api.streaming import reserve_stream, stream_turn, wants_event_stream
+from bot.channels.ingress import PostedText, rate_limited, read_posted
+from bot.http.errors import json_error
+from bot.http.keys import SETTINGS, TURNS
+from bot.turns.branching import Edit, ForkRefused
+from bot.turns.service import Accepted
+
+
+def _conflict(reason: str) -> web.Response:
+    return json_error(409, "conflict", reason)
+
+
+async def _forked(request: web.Request, edit: Edit | None, owner: str) -> Accepted | web.Response:
+    turn_id = request.match_info["turn_id"]
+    turns = request.app[TURNS]
+    try:
+        if edit is None:
+            accepted = await turns.regenerate(turn_id, owner=owner)
+        else:
+            accepted = await turns.edit(turn_id, edit, owner=owner)
+    except LookupError:
+        return json_error(404, "not_found", f"no turn {turn_id}")
+    except ForkRefused as exc:
+        return _conflict(exc.reason)
+    if accepted.rate_limited is not None:
+        return rate_limited(accepted.rate_limited)
+    return accepted
+
+
+async def _answer(request: web.Request, edit: Edit | None, principal: Any) -> web.StreamResponse:
+    slot = reserve_stream(request, principal) if wants_event_stream(request) else None
+    if isinstance(slot, web.Response):
+        return slot
+    try:
+        accepted = await _forked(request, edit, principal.owner)
+    except BaseException:
+        if slot is not None:
+            slot.release()
+        raise
+    if isinstance(accepted, web.Response):
+        if slot is not None:
+            slot.release()
+        return accepted
+    if slot is not None:
+        return await stream_turn(request, accepted.turn_id, 0, slot)
+    return web.json_response(
+        {
+            "turn_id": accepted.turn_id,
+            "stream_url": f"/v1/turns/{accepted.turn_id}/events",
+            "duplicate": False,
+        },
+        status=202,
+    )
+
+
+async def regenerate(request: web.Request) -> web.StreamResponse:
+    principal = await authenticate_chat(request)
+    if isinstance(principal, web.Response):
+        return principal
+    return await _answer(request, None, principal)
+
+
+async def edit(request: web.Request) -> web.StreamResponse:
+    principal = await authenticate_chat(request)
+    if isinstance(principal, web.Response):
+        return principal
+    body = await read_posted(request, PostedText, request.app[SETTINGS].server)
+    if isinstance(body, web.Response):
+        return body
+    return await _answer(request, Edit(body.text), principal)
+
+
+async def activate(request: web.Request) -> web.Response:
+    principal = await authenticate_chat(request)
+    if isinstance(principal, web.Response):
+        return principal
+    turn_id = request.match_info["turn_id"]
+    try:
+        head = await request.app[TURNS].activate(turn_id, owner=principal.owner)
+    except LookupError:
+        return json_error(404, "not_found", f"no turn {turn_id}")
+    except ForkRefused as exc:
+        return _conflict(exc.reason)
+    if head is None:
+        return _conflict("the turn has no stored reply: there is no branch through it")
+    return web.json_response({"turn_id": turn_id, "active": True})
+
+
+def setup(app: web.Application) -> None:
+    app.router.add_post("/v1/turns/{turn_id}/regenerate", regenerate)
+    app.router.add_post("/v1/turns/{turn_id}/edit", edit)
+    app.router.add_post("/v1/turns/{turn_id}/activate", activate)
