@@ -28,6 +28,7 @@ from bot.channels.slack.settings import SlackAppSettings
 from bot.channels.telegram.settings import TelegramBotSettings
 from bot.channels.webhook.settings import WebhookSettings
 from bot.engine.settings import DEFAULT_DATA_DIR, DEFAULT_DEMO_MODEL_DIR, EngineSettings
+from bot.turns.personas import PersonaSettings
 from bot.turns.settings import (
     CompactionSettings,
     GenerationSettings,
@@ -128,11 +129,14 @@ class Settings(BaseSettings):
     telegram: list[TelegramBotSettings] = Field(default_factory=list)
     slack: list[SlackAppSettings] = Field(default_factory=list)
     webhooks: list[WebhookSettings] = Field(default_factory=list)
+    personas: list[PersonaSettings] = Field(default_factory=list)
+    """System-prompt presets a conversation can be started with (``/mode NAME``, ``persona``)."""
 
-    @field_validator("telegram", "slack", "webhooks")
+    @field_validator("telegram", "slack", "webhooks", "personas")
     @classmethod
     def _names_unique(cls, tables: list[Any]) -> list[Any]:
-        # Names are URL segments and channel ids: two tables with one name would collide.
+        # Names are URL segments, channel ids and persona names: two tables with one name
+        # would collide.
         counts = Counter(table.name for table in tables)
         repeated = sorted(name for name, count in counts.items() if count > 1)
         if repeated:

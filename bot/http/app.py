@@ -43,6 +43,7 @@ from bot.turns.chat_format import ChatFormat, ChatFormatSource, load_tokenizer
 from bot.turns.claims import build_claims
 from bot.turns.limits import FairUse
 from bot.turns.partials import PartialReplies
+from bot.turns.personas import Personas
 from bot.turns.policy import build_policy
 from bot.turns.runner import TurnRunner
 from bot.turns.service import TurnService
@@ -140,6 +141,7 @@ async def create_app(
     app[TURNS] = turns
     turns.claims = build_claims(settings.workers, settings.database.url, sessions)
     turns.fair_use = FairUse(settings.limits)
+    turns.personas = Personas(settings.personas, generation=settings.generation)
     http = platform_client()
     app[HTTP_CLIENT] = http
     metrics = ops.setup(app)
@@ -185,6 +187,7 @@ async def create_app(
                 ),
                 endings=turns.endings,
                 cancellations=turns.cancellations,
+                personas=turns.personas,
             )
         )
         await turns.recover()

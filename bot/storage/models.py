@@ -93,6 +93,9 @@ class Conversation(Base):
     updated_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
     closed_at: Mapped[dt.datetime | None]
     next_turn_seq: Mapped[int] = mapped_column(Integer, default=0)
+    persona: Mapped[str | None] = mapped_column(String(64))
+    """The preset it was started with (``bot.turns.personas``); NULL: ``chat.system_prompt``.
+    Set when the conversation is created, never changed: it opens the token-exact history."""
 
     messages: Mapped[list[Message]] = relationship(
         back_populates="conversation", lazy="raise_on_sql", order_by="Message.seq"

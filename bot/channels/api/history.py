@@ -25,14 +25,17 @@ async def conversation_turns(request: web.Request) -> web.Response:
         return principal
     key = request.match_info["conversation_id"]
     async with request.app[READ_SESSIONS]() as session:
-        conversation_id = await session.scalar(
-            select(Conversation.id).where(
-                Conversation.owner == principal.owner,
-                Conversation.channel == API_CHANNEL,
-                Conversation.external_key == key,
-                Conversation.closed_at.is_(None),
+        found = (
+            await session.execute(
+                select(Conversation.id, Conversation.persona).where(
+                    Conversation.owner == principal.owner,
+                    Conversation.channel == API_CHANNEL,
+                    Conversation.external_key == key,
+                    Conversation.closed_at.is_(None),
+                )
             )
-        )
+        ).one_or_none()
+        conversation_id, persona = found if found is not None else (None, None)
         turns: list[Turn] = []
         if conversation_id is not None:
             newest = await session.scalars(
@@ -46,6 +49,8 @@ async def conversation_turns(request: web.Request) -> web.Response:
         {
             "conversation_id": key,
             "owner": principal.owner,
+            # null: the default system prompt (or no conversation yet).
+            "persona": persona,
             "turns": [turn_document(t, key) for t in turns],
         }
     )

@@ -52,6 +52,8 @@ class MessageIn(BaseModel):
     message_id: str = Field(min_length=1, max_length=ID_MAX)
     text: str = Field(min_length=1)
     user_id: str | None = Field(default=None, max_length=ID_MAX)
+    persona: str | None = Field(default=None, max_length=ID_MAX)
+    """Starts a new conversation with this persona (GET /v1/personas lists them)."""
 
 
 def _wants_event_stream(request: web.Request) -> bool:
@@ -86,6 +88,16 @@ async def post_message(request: web.Request) -> web.StreamResponse:
             f"text has {len(message.text)} characters; "
             f"the limit is {settings.server.max_text_chars}",
         )
+    turns = request.app[TURNS]
+    persona = None
+    if message.persona is not None:
+        preset = turns.personas.get(message.persona) if turns.personas else None
+        if preset is None:
+            # The name is the client's data: said back only as JSON, never rendered anywhere.
+            return json_error(
+                400, "bad_request", "persona: unknown persona (GET /v1/personas lists them)"
+            )
+        persona = preset.name
     # Ingress: everything before auth (routing, middleware) plus reading and parsing the body.
     ingress_ms = (auth_started - started) * 1000 + (time.perf_counter() - ingress_started) * 1000
 
@@ -93,7 +105,6 @@ async def post_message(request: web.Request) -> web.StreamResponse:
     slot = _reserve_stream(request, principal) if _wants_event_stream(request) else None
     if isinstance(slot, web.Response):
         return slot
-    turns = request.app[TURNS]
     try:
         accepted = await turns.accept(
             InboundMessage(
@@ -106,6 +117,7 @@ async def post_message(request: web.Request) -> web.StreamResponse:
                 layer_ms={"ingress": ingress_ms, "auth": auth_ms},
                 received_at=request.get(REQUEST_RECEIVED_AT, time.time()),
                 api_key_id=principal.key_id,
+                persona=persona,
             )
         )
     except BaseException:
@@ -125,6 +137,17 @@ async def post_message(request: web.Request) -> web.StreamResponse:
         )
         response.headers["Retry-After"] = str(refusal.retry_after_s)
         return response
+    if accepted.persona_conflict is not None:
+        if slot is not None:
+            slot.release()
+        conflict = accepted.persona_conflict
+        return json_error(
+            409,
+            "conflict",
+            conflict.reason,
+            conversation_persona=conflict.conversation_persona,
+            requested_persona=conflict.requested,
+        )
     if slot is not None:
         return await _stream_turn(request, accepted.turn_id, 0, slot)
     return web.json_response(
@@ -135,6 +158,22 @@ async def post_message(request: web.Request) -> web.StreamResponse:
             "duplicate": accepted.duplicate,
         },
         status=202,
+    )
+
+
+async def list_personas(request: web.Request) -> web.Response:
+    """The personas a new conversation can start with; null is the default system prompt."""
+    principal = await authenticate_chat(request)
+    if isinstance(principal, web.Response):
+        return principal
+    personas = request.app[TURNS].personas
+    return web.json_response(
+        {
+            "personas": [
+                {"name": preset.name, "description": preset.description}
+                for preset in (personas.presets if personas else [])
+            ]
+        }
     )
 
 
@@ -273,6 +312,7 @@ def setup(
 
     app.on_cleanup.append(close_streams)
     app.router.add_post("/v1/messages", post_message)
+    app.router.add_get("/v1/personas", list_personas)
     app.router.add_get("/v1/turns/{turn_id}", get_turn)
     app.router.add_get("/v1/turns/{turn_id}/events", turn_events)
     app.router.add_post("/v1/turns/{turn_id}/cancel", cancel_turn)

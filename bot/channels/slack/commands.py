@@ -1,4 +1,5 @@
-"""Slash commands: ``/new`` starts a fresh conversation, ``/stop`` stops the reply.
+"""Slash commands: ``/new`` starts a fresh conversation, ``/stop`` stops the reply,
+``/mode NAME`` starts a fresh one with a persona (``bot.channels.modes``).
 
 Slack POSTs a command as an ``application/x-www-form-urlencoded`` form
 (``team_id``, ``channel_id``, ``channel_name``, ``user_id``, ``command``,
@@ -29,6 +30,7 @@ from dataclasses import dataclass
 from typing import Literal
 from urllib.parse import parse_qs
 
+from bot.channels.modes import WHY_FRESH, run_mode
 from bot.channels.slack.events import dm_conversation_key
 from bot.turns.service import TurnService
 
@@ -36,23 +38,25 @@ HELP_TEXT = (
     "Send me a direct message, or mention me in a channel, and I will answer.\n"
     "In our DM:\n"
     "`/new` - start a new conversation (I forget the earlier one)\n"
-    "`/stop` - stop the reply I am writing"
+    "`/stop` - stop the reply I am writing\n"
+    "`/mode` - list personas; `/mode NAME` starts a new conversation with one"
 )
 UNKNOWN_TEXT = "I do not know that command.\n\n" + HELP_TEXT
 NEW_TEXT = "Started a new conversation."
 STOPPING_TEXT = "Stopping the reply."
 NOTHING_TO_STOP_TEXT = "Nothing to stop."
 DM_ONLY_TEXT = (
-    "`/new` and `/stop` work in a direct message with me. In a channel, each thread "
+    "`/new`, `/stop` and `/mode` work in a direct message with me. In a channel, each thread "
     "is its own conversation: mention me at the top level to start a new one."
 )
+MODE_DM_ONLY_TEXT = DM_ONLY_TEXT + "\n\n" + WHY_FRESH
 OTHER_APP_TEXT = "This bot is not set up for this Slack app."
 
 # Slack's channel ids: ``D`` for a DM, ``C``/``G`` for channels and group DMs.
 DM_CHANNEL_PREFIX = "D"
 
-CommandName = Literal["new", "stop", "unknown"]
-_KNOWN: dict[str, CommandName] = {"/new": "new", "/stop": "stop"}
+CommandName = Literal["new", "stop", "mode", "unknown"]
+_KNOWN: dict[str, CommandName] = {"/new": "new", "/stop": "stop", "/mode": "mode"}
 
 
 class MalformedCommand(ValueError):
@@ -68,6 +72,8 @@ class SlashCommand:
     team_id: str
     channel_id: str
     user_id: str
+    text: str = ""
+    """What follows the command (``/mode pirate``: ``pirate``)."""
 
     @property
     def in_dm(self) -> bool:
@@ -90,6 +96,7 @@ def parse_form(body: str) -> SlashCommand:
         team_id=team_id,
         channel_id=channel_id,
         user_id=user_id,
+        text=fields.get("text", "").strip(),
     )
 
 
@@ -98,12 +105,16 @@ async def run_command(command: SlashCommand, *, channel: str, turns: TurnService
     if command.name == "unknown":
         return UNKNOWN_TEXT
     if not command.in_dm:
-        return DM_ONLY_TEXT
+        return MODE_DM_ONLY_TEXT if command.name == "mode" else DM_ONLY_TEXT
     # The owner and key the DM's message events are stored under (events.py).
     owner = command.team_id
     key = dm_conversation_key(command.channel_id)
     if command.name == "new":
         await turns.new_conversation(channel=channel, owner=owner, conversation_key=key)
         return NEW_TEXT
+    if command.name == "mode":
+        return await run_mode(
+            command.text, turns=turns, channel=channel, owner=owner, conversation_key=key
+        )
     stopping = await turns.cancel_active(channel=channel, owner=owner, conversation_key=key)
     return STOPPING_TEXT if stopping else NOTHING_TO_STOP_TEXT

@@ -1,4 +1,5 @@
-"""The bot's commands: ``/start`` and ``/help`` explain, ``/new`` starts over, ``/stop`` stops.
+"""The bot's commands: ``/start`` and ``/help`` explain, ``/new`` starts over, ``/stop`` stops,
+``/mode NAME`` starts over with a persona (``bot.channels.modes``).
 
 ``/new`` and ``/stop`` act before the webhook answers, so they take effect in
 the order the chat sent them (Telegram sends a chat's next update only after
@@ -7,6 +8,7 @@ this one is answered); the short notice that confirms them goes out after.
 
 from __future__ import annotations
 
+from bot.channels.modes import run_mode
 from bot.channels.telegram.updates import Command
 from bot.turns.service import TurnService
 
@@ -15,6 +17,8 @@ HELP_TEXT = (
     "In a group, mention me or reply to one of my messages.\n\n"
     "/new - start a new conversation (I forget the earlier one)\n"
     "/stop - stop the reply I am writing\n"
+    "/mode - list personas; /mode NAME starts a new conversation with one (a persona "
+    "cannot change mid-conversation: it opens the history everything after is built on)\n"
     "/help - this help"
 )
 NEW_TEXT = "Started a new conversation."
@@ -35,6 +39,14 @@ async def run_command(command: Command, *, channel: str, turns: TurnService) -> 
         )
         # A cancelled reply ends with "Stopped." in its own message: no second notice.
         return None if cancelled else NOTHING_TO_STOP_TEXT
+    if command.name == "mode":
+        return await run_mode(
+            command.args,
+            turns=turns,
+            channel=channel,
+            owner=channel,
+            conversation_key=command.conversation_key,
+        )
     if command.name == "unknown":
         return UNKNOWN_TEXT
     return HELP_TEXT

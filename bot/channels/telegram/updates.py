@@ -58,8 +58,8 @@ IGNORED_UPDATE_TYPES = frozenset(
     }
 )
 
-CommandName = Literal["start", "help", "new", "stop", "unknown"]
-COMMANDS: frozenset[str] = frozenset({"start", "help", "new", "stop"})
+CommandName = Literal["start", "help", "new", "stop", "mode", "unknown"]
+COMMANDS: frozenset[str] = frozenset({"start", "help", "new", "stop", "mode"})
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,7 @@
 import { Api, ApiError } from "./api.js";
 import { renderError } from "./errors.js";
 import { renderMarkdown } from "./markdown.js";
+import { chosenPersona, loadPersonas, personaOpen, showPersona } from "./personas.js";
 import { renderTiming } from "./timing.js";
 
 const KEY_STORAGE = "bot.apiKey";
@@ -46,6 +47,7 @@ function showSignIn() {
   $("chat").hidden = true;
   $("new-conversation").hidden = true;
   $("sign-out").hidden = true;
+  $("persona-picker").hidden = true;
   $("api-key").focus();
 }
 
@@ -139,7 +141,16 @@ async function send(text) {
   view.bot.classList.add("streaming");
   setBusy(true);
   try {
-    const accepted = await api.send(conversationId, randomId("msg-"), text);
+    const starts = personaOpen();
+    const persona = chosenPersona();
+    showPersona(true, persona);
+    let accepted;
+    try {
+      accepted = await api.send(conversationId, randomId("msg-"), text, persona);
+    } catch (error) {
+      if (starts) showPersona(false); // nothing was stored: the conversation has not begun
+      throw error;
+    }
     await streamInto(view, accepted.turn_id);
   } catch (error) {
     handleFailure(view, error);
@@ -191,6 +202,8 @@ async function signIn(key) {
   }
   localStorage.setItem(KEY_STORAGE, key);
   owner = conversation.owner;
+  await loadPersonas(api);
+  showPersona(conversation.turns.length > 0, conversation.persona);
   showChat();
   await restore(conversation.turns);
 }
@@ -200,6 +213,7 @@ function newConversation() {
   localStorage.setItem(CONVERSATION_STORAGE, conversationId);
   $("messages").replaceChildren();
   clearError();
+  showPersona(false);
   if (api) showChat();
 }
 
