@@ -92,6 +92,8 @@ def test_example_channel_tables_are_valid_when_uncommented() -> None:
         lines.append(line)
     settings = load_settings_from_text("\n".join(lines))
     assert [bot.name for bot in settings.telegram] == ["support"]
+    assert settings.telegram[0].allowed_users == ["123456789", "alice"]
+    assert settings.slack[0].admins == ["U0123ABCD"]
     assert [app.name for app in settings.slack] == ["acme"]
     assert [hook.name for hook in settings.webhooks] == ["crm"]
     assert [persona.name for persona in settings.personas] == ["pirate", "terse"]

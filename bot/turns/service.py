@@ -161,7 +161,7 @@ class TurnService:
         started = time.perf_counter()
         try:
             async with self._sessions() as session, session.begin():
-                if self.fair_use is not None:
+                if self.fair_use is not None and not message.unlimited:
                     # Counted in this transaction: a refusal rolls every count back.
                     await self.fair_use.admit(session, _limit_subjects(message))
                 conversation = await queries.open_conversation(

@@ -25,6 +25,7 @@ import aiohttp
 import structlog
 from aiohttp import web
 
+from bot.channels.access import GROUPS_OFF_TEXT, NOT_ALLOWED_TEXT, REFUSAL_CLASS
 from bot.channels.base import too_long_notice
 from bot.channels.slack.channel import SlackChannel
 from bot.channels.slack.commands import (
@@ -38,9 +39,11 @@ from bot.channels.slack.events import (
     Ignored,
     MalformedEvent,
     UrlVerification,
+    UserMessage,
     parse_body,
     to_inbound,
 )
+from bot.channels.slack.settings import SlackAppSettings
 from bot.channels.slack.signing import SignedBody, pick_app, read_signed_body
 from bot.config import Settings
 from bot.errors import ErrorClass
@@ -77,14 +80,15 @@ class SlackEvents:
 
         try:
             document = load_json(signed.raw)
-            parsed = parse_body(document)
+            app = pick_app(signed.signed_by, _app_id(document))
+            parsed = parse_body(document, channels=app.settings.channels if app else "mention")
         except (BodyError, MalformedEvent) as exc:
             log.warning("slack_event_malformed", error=str(exc))
             return json_error(400, "bad_request", "not an Events API payload")
         if isinstance(parsed, UrlVerification):
             # Carries no api_app_id; a valid signature is all Slack asks us to prove.
             return web.json_response({"challenge": parsed.challenge})
-        channel = pick_app(signed.signed_by, document.get("api_app_id"))
+        channel = app
         if channel is None:
             log.warning("slack_event_for_another_app", api_app_id=document.get("api_app_id"))
             return web.Response(status=200)
@@ -98,6 +102,20 @@ class SlackEvents:
                 event_id=parsed.event_id,
                 retry_num=retry_num,
             )
+            return web.Response(status=200)
+        refusal = _refusal(channel.settings, parsed)
+        if refusal is not None:
+            log.info(
+                "slack_event_refused",
+                app=channel.settings.name,
+                event_id=parsed.event_id,
+                reason=refusal,
+                addressed=parsed.addressed,
+            )
+            if parsed.addressed:
+                # Channel chatter not meant for the bot gets no notice: that would be spam.
+                message = to_inbound(parsed, channel=channel.name, user_name=None)
+                self._turns.decline(message, REFUSAL_CLASS, refusal)
             return web.Response(status=200)
         if len(parsed.text) > self._max_text:
             log.warning(
@@ -124,6 +142,7 @@ class SlackEvents:
                 user_name=user_name,
                 layer_ms={"ingress": ingress_ms, "auth": signed.auth_ms},
                 received_at=request.get(REQUEST_RECEIVED_AT),
+                unlimited=channel.settings.is_admin(parsed.user_id),
             )
         )
         log.info(
@@ -176,7 +195,10 @@ class SlackCommands:
         if channel is None:
             log.warning("slack_command_for_another_app", api_app_id=command.api_app_id)
             return _ephemeral(OTHER_APP_TEXT)
-        answer = await run_command(command, channel=channel.name, turns=self._turns)
+        if channel.settings.may_talk(command.user_id):
+            answer = await run_command(command, channel=channel.name, turns=self._turns)
+        else:
+            answer = NOT_ALLOWED_TEXT
         log.info(
             "slack_command",
             app=channel.settings.name,
@@ -187,6 +209,20 @@ class SlackCommands:
             answer=answer.splitlines()[0],
         )
         return _ephemeral(answer)
+
+
+def _app_id(document: object) -> str | None:
+    value = document.get("api_app_id") if isinstance(document, dict) else None
+    return value if isinstance(value, str) else None
+
+
+def _refusal(settings: SlackAppSettings, message: UserMessage) -> str | None:
+    """Why this app does not answer this message, if it does not."""
+    if not message.is_dm and settings.channels == "off":
+        return GROUPS_OFF_TEXT
+    if not settings.may_talk(message.user_id):
+        return NOT_ALLOWED_TEXT
+    return None
 
 
 async def _is_ssl_check(request: web.Request, max_body: int) -> bool:

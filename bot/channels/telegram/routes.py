@@ -23,12 +23,21 @@ import aiohttp
 import structlog
 from aiohttp import web
 
-from bot.channels.base import too_long_notice
+from bot.channels.access import GROUPS_OFF_TEXT, NOT_ALLOWED_TEXT, REFUSAL_CLASS
+from bot.channels.base import InboundMessage, too_long_notice
 from bot.channels.telegram.api import TelegramApi, TelegramApiError
 from bot.channels.telegram.channel import TelegramChannel
 from bot.channels.telegram.commands import run_command
 from bot.channels.telegram.settings import TelegramBotSettings
-from bot.channels.telegram.updates import BotIdentity, Command, Ignored, parse_update
+from bot.channels.telegram.updates import (
+    BotIdentity,
+    Command,
+    Ignored,
+    Overheard,
+    Sender,
+    parse_update,
+    sender_of,
+)
 from bot.config import Settings
 from bot.errors import ErrorClass
 from bot.http.body import BodyError, parse_json_object, read_body
@@ -116,6 +125,17 @@ def _secret_ok(request: web.Request, bot: TelegramBot) -> bool:
     return hmac.compare_digest(given.encode(), expected.get_secret_value().encode())
 
 
+def _refusal(
+    settings: TelegramBotSettings, parsed: Command | InboundMessage, sender: Sender
+) -> str | None:
+    """Why this bot does not answer this message or command, if it does not."""
+    if parsed.reply_to.get("chat_type") != "private" and settings.groups == "off":
+        return GROUPS_OFF_TEXT
+    if not settings.may_talk(sender.user_id, sender.username):
+        return NOT_ALLOWED_TEXT
+    return None
+
+
 def _peek_chat_type(update: dict[str, Any]) -> str | None:
     for key in ("message", "edited_message"):
         message = update.get(key)
@@ -157,7 +177,9 @@ async def post_update(request: web.Request) -> web.Response:
             log.warning("telegram_identity_unavailable", bot=bot.settings.name, error=str(exc))
             return json_error(503, "unavailable", "cannot look up the bot's username")
 
-    parsed = parse_update(update, bot=identity, channel=bot.settings.channel)
+    parsed = parse_update(
+        update, bot=identity, channel=bot.settings.channel, groups=bot.settings.groups
+    )
     log_fields = {"bot": bot.settings.name, "update_id": update_id}
     if isinstance(parsed, Ignored):
         if parsed.known:
@@ -169,6 +191,23 @@ async def post_update(request: web.Request) -> web.Response:
             )
         else:
             log.warning("telegram_unknown_update", update_type=parsed.update_type, **log_fields)
+        return web.Response(status=200)
+    sender = sender_of(update)
+    if isinstance(parsed, Overheard):
+        if not bot.settings.may_talk(sender.user_id, sender.username):
+            # Group chatter not meant for the bot: a notice to each line would be spam.
+            log.info("telegram_ignored", update_type="message", reason="not allowed", **log_fields)
+            return web.Response(status=200)
+        parsed = parsed.message
+    refusal = _refusal(bot.settings, parsed, sender)
+    if refusal is not None:
+        log.info("telegram_refused", reason=refusal, **log_fields)
+        if isinstance(parsed, Command):
+            if update_id not in bot.recent_commands:
+                bot.remember_command(update_id)
+                bot.send_notice(parsed, refusal)
+        else:
+            request.app[TURNS].decline(parsed, REFUSAL_CLASS, refusal)
         return web.Response(status=200)
     if isinstance(parsed, Command):
         if update_id not in bot.recent_commands:
@@ -191,6 +230,7 @@ async def post_update(request: web.Request) -> web.Response:
         parsed,
         layer_ms={"ingress": max(0.0, ingress_ms), "auth": auth_ms},
         received_at=received_at,
+        unlimited=bot.settings.is_admin(sender.user_id, sender.username),
     )
     accepted = await request.app[TURNS].accept(message)
     log.info(
