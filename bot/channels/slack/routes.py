@@ -12,8 +12,12 @@
 
 A 5xx (e.g. the database is down) makes Slack retry later, which is what we want.
 
-``POST /slack/commands``: the ``/new`` and ``/stop`` slash commands
+``POST /slack/commands``: the ``/new``, ``/stop`` and ``/mode`` slash commands
 (``commands.py``), verified the same way and answered in the 200 itself.
+
+Who may talk (``bot.channels.access``): a message or command from someone the
+app's ``allowed_users`` leaves out, or a channel message under ``channels =
+"off"``, is answered with a short notice and nothing is stored.
 """
 
 from __future__ import annotations
