@@ -172,8 +172,10 @@ class Compactor:
         history: History,
         max_tokens: int,
         cache_salt: str | None,
+        system_prompt: str | None = None,
     ) -> Compacted | None:
-        """Rebuild and store the base.
+        """Rebuild and store the base, opened by ``system_prompt`` (the conversation's persona's;
+        default: the format's).
 
         None when there is nothing to drop (a lone long message), or when the turn
         is already final (another worker took it over): then nothing is stored.
@@ -182,8 +184,9 @@ class Compactor:
             previous, exchanges = await self._load(session, conversation_id, history.head_seq)
         if not exchanges:
             return None
+        system = self._format.system_prompt if system_prompt is None else system_prompt
         user_ids = self._format.turn_after_closed(content).token_ids
-        kept = self._fit(exchanges, len(user_ids), max_tokens)
+        kept = self._fit(exchanges, len(user_ids), max_tokens, system)
         dropped = exchanges[: len(exchanges) - len(kept)]
 
         summary = previous.summary if previous is not None else None
@@ -195,7 +198,7 @@ class Compactor:
         else:
             summary = None
         base_ids = self._format.render_ids(
-            self._messages(summary, kept), add_generation_prompt=False
+            self._messages(system, summary, kept), add_generation_prompt=False
         )
 
         async with self._sessions() as session, session.begin():
@@ -322,8 +325,9 @@ class Compactor:
         ids = answer_ids(unpack_token_ids(packed_ids), self._open_id, self._close_id)
         return self._format.tokenizer.decode(ids, skip_special_tokens=True).strip()
 
-    def _messages(self, summary: str | None, kept: Sequence[Exchange]) -> list[dict[str, str]]:
-        system = self._format.system_prompt
+    def _messages(
+        self, system: str, summary: str | None, kept: Sequence[Exchange]
+    ) -> list[dict[str, str]]:
         if summary:
             system = (
                 f"{system}\n\n{SUMMARY_HEADER}\n{summary}"
@@ -336,7 +340,9 @@ class Compactor:
             messages.append({"role": "assistant", "content": exchange.assistant})
         return messages
 
-    def _fit(self, exchanges: list[Exchange], user_tokens: int, max_tokens: int) -> list[Exchange]:
+    def _fit(
+        self, exchanges: list[Exchange], user_tokens: int, max_tokens: int, system: str
+    ) -> list[Exchange]:
         """The most recent whole exchanges under the low watermark; never all of them."""
         budget = (
             int(self._settings.low_watermark * self._engine.max_model_len)
@@ -352,7 +358,7 @@ class Compactor:
             candidate = exchanges[len(exchanges) - kept - 1 :]
             size = len(
                 self._format.render_ids(
-                    self._messages(None, candidate), add_generation_prompt=False
+                    self._messages(system, None, candidate), add_generation_prompt=False
                 )
             )
             if size > budget:

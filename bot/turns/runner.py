@@ -19,13 +19,14 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from bot.engine.base import GenerationChunk, GenerationRequest, InferenceEngine
 from bot.errors import BotError, ContextOverflow, ErrorClass
 from bot.storage.models import Message, Turn, TurnStatus, utcnow
-from bot.storage.queries import History, as_utc, load_history
+from bot.storage.queries import History, as_utc, conversation_persona, load_history
 from bot.storage.text import storable
 from bot.storage.tokens import pack_token_ids
 from bot.turns.cancellation import Cancellations
 from bot.turns.chat_format import ChatFormat, UserTurn
 from bot.turns.coalescing import claim_pending, coalesced_end, combined_content
 from bot.turns.ending import TurnEnd, TurnEndings, timings_of, usage
+from bot.turns.personas import PersonaChoice, Personas
 from bot.turns.policy import TurnPolicy
 from bot.turns.replies import ReplySink, TurnAddress, UsageAwareSink
 from bot.turns.settings import GenerationSettings
@@ -68,6 +69,7 @@ class TurnRunner:
         endings: TurnEndings,
         policy: TurnPolicy | None = None,
         cancellations: Cancellations | None = None,
+        personas: Personas | None = None,
     ) -> None:
         self.policy = policy or TurnPolicy()
         self.cancellations = cancellations or Cancellations()
@@ -79,6 +81,8 @@ class TurnRunner:
         self._chat_format = chat_format
         self._streams = streams
         self._generation = generation
+        self._personas = personas or Personas(generation=generation)
+        """A conversation's persona picks its system prompt and sampling."""
         self._open_reply = open_reply
         self._endings = endings
 
@@ -170,14 +174,18 @@ class TurnRunner:
                 # An edit or a regeneration names where it forks off the tree; else the head.
                 history = await load_history(session, turn.conversation_id, at=turn.parent_seq)
                 cache_salt = await self.policy.cache_salt(session, turn.conversation_id)
+                persona = self._personas.choice(
+                    await conversation_persona(session, turn.conversation_id), self._chat_format
+                )
         # A regeneration forks at its user entry: the prompt is, id for id, the one the
         # earlier attempt had (cached up to its last partial block), no new user entry.
         answers_again = history.last_role == "user"
         with clock.measure("tokenize"):
             content = combined_content(turn, progress.covered)
-            user = None if answers_again else self._user_turn(history, content)
+            user = None if answers_again else self._user_turn(persona, history, content)
             prompt = history.prompt_ids + (user.token_ids if user else [])
-        max_tokens = self._generation.max_tokens
+        generation = persona.generation
+        max_tokens = generation.max_tokens
         compactor = self.policy.compactor
         if (
             user is not None
@@ -194,11 +202,12 @@ class TurnRunner:
                     history=history,
                     max_tokens=max_tokens,
                     cache_salt=cache_salt,
+                    system_prompt=persona.chat_format.system_prompt,
                 )
             if compacted is not None:
                 history = compacted.history
                 progress.compaction_id = compacted.compaction_id
-                user = self._user_turn(history, content)
+                user = self._user_turn(persona, history, content)
                 prompt = history.prompt_ids + user.token_ids
         progress.prompt_tokens = len(prompt)
         if len(prompt) + max_tokens > self._engine.max_model_len:
@@ -208,8 +217,8 @@ class TurnRunner:
             request_id=turn.id,
             prompt_token_ids=prompt,
             max_tokens=max_tokens,
-            temperature=self._generation.temperature,
-            top_p=self._generation.top_p,
+            temperature=generation.temperature,
+            top_p=generation.top_p,
             cache_salt=cache_salt,
             session_key=turn.conversation_id,
         )
@@ -293,12 +302,15 @@ class TurnRunner:
             turn_id, lambda: progress.text, on_lost=lambda: self.cancellations.request(turn_id)
         )
 
-    def _user_turn(self, history: History, content: str) -> UserTurn:
+    def _user_turn(self, persona: PersonaChoice, history: History, content: str) -> UserTurn:
+        chat_format = persona.chat_format
         if history.ends_with_base:
-            return self._chat_format.turn_after_closed(content)
+            return chat_format.turn_after_closed(content)
         if history.prompt_ids:
-            return self._chat_format.next_turn(history.last_assistant_ids, content)
-        return self._chat_format.first_turn(content)
+            return chat_format.next_turn(history.last_assistant_ids, content)
+        # Only the first prompt holds the system prompt (the persona's): every later one
+        # starts with these very ids.
+        return chat_format.first_turn(content)
 
     def _fill(
         self, end: TurnEnd, clock: LayerClock, progress: _Progress, received_at: float

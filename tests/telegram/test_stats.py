@@ -21,8 +21,8 @@ from tests.telegram.conftest import (
     command_update,
     fixture_update,
     private_update,
+    start_service,
 )
-from tests.telegram.test_webhook_e2e import start_service
 
 __all__ = ["start_service"]  # the fixture, shared with the webhook tests
 
