@@ -13,14 +13,11 @@ import pytest
 
 from bot.channels.access import GROUPS_OFF_TEXT, NOT_ALLOWED_TEXT
 from bot.config import ConfigError, load_settings
-from tests.conftest import MakeClient
-from tests.fakes.telegram_api import FakeTelegram
 from tests.helpers import count_rows
 from tests.telegram.conftest import (
     GROUP_CHAT,
     PRIVATE_CHAT,
     Service,
-    bot_table,
     command_update,
     fixture_update,
     private_update,
@@ -29,18 +26,6 @@ from tests.telegram.conftest import (
 STRANGER = 333333333
 ALICE = str(PRIVATE_CHAT)
 BOB = "222222222"  # the sender of the group fixtures
-
-
-@pytest.fixture
-async def start_service(
-    fake_telegram: FakeTelegram, sqlite_url: str, make_client: MakeClient
-) -> Any:
-    async def start(bot: dict[str, Any], **sections: Any) -> Service:
-        table = bot_table(fake_telegram, **bot)
-        client = await make_client(sqlite_url, telegram=[table], **sections)
-        return Service(client, fake_telegram, sqlite_url)
-
-    return start
 
 
 def from_stranger(update: dict[str, Any]) -> dict[str, Any]:

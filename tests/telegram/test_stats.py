@@ -21,10 +21,7 @@ from tests.telegram.conftest import (
     command_update,
     fixture_update,
     private_update,
-    start_service,
 )
-
-__all__ = ["start_service"]  # the fixture, shared with the webhook tests
 
 OTHER_CHAT = 222222222
 DAILY = 100_000
