@@ -15,11 +15,11 @@ from urllib.parse import urlencode
 
 import pytest
 
+from bot.channels.retry import NOTHING_TO_RETRY_TEXT
 from bot.channels.slack.commands import (
     DM_ONLY_TEXT,
     HELP_TEXT,
     NEW_TEXT,
-    NOTHING_TO_RETRY_TEXT,
     NOTHING_TO_STOP_TEXT,
     OTHER_APP_TEXT,
     RETRYING_TEXT,

@@ -10,12 +10,12 @@ from typing import Any
 
 from click.testing import CliRunner
 
+from bot.channels.retry import NOTHING_TO_RETRY_TEXT
 from bot.channels.telegram.cli import telegram
 from bot.channels.telegram.commands import (
     EDIT_REFUSED_TEXT,
     HELP_TEXT,
     NEW_TEXT,
-    NOTHING_TO_RETRY_TEXT,
     NOTHING_TO_STOP_TEXT,
 )
 from bot.channels.telegram.render import Renderer

@@ -36,9 +36,9 @@ from typing import Literal
 from urllib.parse import parse_qs
 
 from bot.channels.modes import WHY_FRESH, run_mode
+from bot.channels.retry import run_retry
 from bot.channels.slack.payloads import dm_conversation_key
 from bot.channels.stats import NO_ADMINS, AdminCheck, stats_answer
-from bot.turns.branching import ForkRefused
 from bot.turns.service import TurnService
 from bot.turns.usage import UsageReports
 
@@ -57,8 +57,6 @@ NEW_TEXT = "Started a new conversation."
 STOPPING_TEXT = "Stopping the reply."
 NOTHING_TO_STOP_TEXT = "Nothing to stop."
 RETRYING_TEXT = "Answering your last message again."
-NOTHING_TO_RETRY_TEXT = "Nothing to retry: send me a message first."
-RETRY_REFUSED_TEXT = "I cannot retry now: {reason}."
 DM_ONLY_TEXT = (
     "`/new`, `/stop`, `/retry` and `/mode` work in a direct message with me. In a channel, "
     "each thread is its own conversation: mention me at the top level to start a new one."
@@ -150,17 +148,8 @@ async def run_command(
         await turns.new_conversation(channel=channel, owner=owner, conversation_key=key)
         return NEW_TEXT
     if command.name == "retry":
-        try:
-            accepted = await turns.regenerate_latest(
-                channel=channel, owner=owner, conversation_key=key
-            )
-        except ForkRefused as exc:
-            return RETRY_REFUSED_TEXT.format(reason=exc.reason)
-        if accepted is None:
-            return NOTHING_TO_RETRY_TEXT
-        if accepted.rate_limited is not None:
-            return accepted.rate_limited.user_message
-        return RETRYING_TEXT
+        notice = await run_retry(turns, channel=channel, owner=owner, conversation_key=key)
+        return notice or RETRYING_TEXT  # a slash command is answered, even when the reply follows
     if command.name == "mode":
         return await run_mode(
             command.text, turns=turns, channel=channel, owner=owner, conversation_key=key

@@ -11,9 +11,9 @@ this one is answered); the short notice that confirms them goes out after.
 from __future__ import annotations
 
 from bot.channels.modes import run_mode
+from bot.channels.retry import run_retry
 from bot.channels.stats import NO_ADMINS, AdminCheck, stats_answer
 from bot.channels.telegram.payloads import Command
-from bot.turns.branching import ForkRefused
 from bot.turns.service import TurnService
 from bot.turns.usage import UsageReports
 
@@ -31,8 +31,6 @@ HELP_TEXT = (
 )
 NEW_TEXT = "Started a new conversation."
 NOTHING_TO_STOP_TEXT = "Nothing to stop."
-NOTHING_TO_RETRY_TEXT = "Nothing to retry: send me a message first."
-RETRY_REFUSED_TEXT = "I cannot retry now: {reason}."
 EDIT_REFUSED_TEXT = (
     "Only your last message can be edited: I answered the later ones from the old text. "
     "Send the correction as a new message."
@@ -71,17 +69,9 @@ async def run_command(
             is_admin=is_admin,
         )
     if command.name == "retry":
-        try:
-            accepted = await turns.regenerate_latest(
-                channel=channel, owner=channel, conversation_key=command.conversation_key
-            )
-        except ForkRefused as exc:
-            return RETRY_REFUSED_TEXT.format(reason=exc.reason)
-        if accepted is None:
-            return NOTHING_TO_RETRY_TEXT
-        if accepted.rate_limited is not None:
-            return accepted.rate_limited.user_message
-        return None  # the new reply says it all
+        return await run_retry(
+            turns, channel=channel, owner=channel, conversation_key=command.conversation_key
+        )
     if command.name == "mode":
         return await run_mode(
             command.args,
