@@ -54,8 +54,11 @@ def _writer_lock(database: str) -> asyncio.Lock:
 
 
 async def _acquire_within(lock: asyncio.Lock, timeout_s: float) -> bool:
+    # Not wait_for: it wraps the acquire in a task of its own, a trip through the event
+    # loop for every write even when the lock is free (then this does not suspend at all).
     try:
-        await asyncio.wait_for(lock.acquire(), timeout_s)
+        async with asyncio.timeout(timeout_s):
+            await lock.acquire()
     except TimeoutError:
         return False
     return True
