@@ -4,11 +4,15 @@ Prints
   * the share of cacheable prompt tokens served from vLLM's prefix cache (turns 2..T),
   * prompt tokens recomputed per turn (prompt - cached), by turn index,
   * TTFT by turn index (p50/p99), measured by the HTTP client,
+  * the service's time before the first token (the client's TTFT minus the
+    engine's own queue + prefill of that turn) next to the engine's part, and
+    the TTFT of the same prompts sent straight to the engine,
   * the ack latency of POST /v1/messages (p50/p99),
   * the ratio of end-to-end time through the service to the same prompts sent
     straight to the engine (prefix cache reset in between, same concurrency).
 
 Run:  .venv/bin/python bench/turns.py --conversations 4 --turns 12
+      .venv/bin/python bench/turns.py --conversations 16 --turns 6   (16 concurrent chats)
 """
 
 from __future__ import annotations
@@ -130,8 +134,10 @@ async def stored_prompts(db_url: str) -> dict[str, list[tuple[int, list[int]]]]:
     return prompts
 
 
-async def direct(engine: LocalVLLMEngine, prompts: list[list[int]], max_tokens: int) -> list[float]:
-    """The same prompts, in order, straight to the engine: e2e per request in ms."""
+async def direct(
+    engine: LocalVLLMEngine, prompts: list[list[int]], max_tokens: int
+) -> list[tuple[float, float]]:
+    """The same prompts, in order, straight to the engine: (ttft, e2e) per request in ms."""
     durations = []
     for prompt in prompts:
         started = time.perf_counter()
@@ -142,9 +148,12 @@ async def direct(engine: LocalVLLMEngine, prompts: list[list[int]], max_tokens: 
             temperature=0.0,
             top_p=1.0,
         )
-        async for _ in engine.generate(request):
-            pass
-        durations.append((time.perf_counter() - started) * 1000)
+        first: float | None = None
+        async for chunk in engine.generate(request):
+            if first is None and chunk.token_ids:
+                first = time.perf_counter()
+        ended = time.perf_counter()
+        durations.append((((first or ended) - started) * 1000, (ended - started) * 1000))
     return durations
 
 
@@ -215,13 +224,26 @@ async def main(args: argparse.Namespace) -> None:
             ttft.setdefault(result["turn"], []).append(result["ttft_ms"])
     acks = [r["ack_ms"] for r in results]
     service_e2e = sum(r["e2e_ms"] for r in results)
-    direct_e2e = sum(sum(times) for times in direct_times)
+    direct_e2e = sum(e2e for times in direct_times for _, e2e in times)
+    direct_ttft = [ttft for times in direct_times for ttft, _ in times]
+    # The engine's part of the client's TTFT: its queue and the prefill of the prompt.
+    engine_part = [
+        r["timings_ms"].get("queue", 0.0) + r["timings_ms"].get("prefill", 0.0)
+        for r in results
+        if r.get("timings_ms")
+    ]
+    service_part = [
+        r["ttft_ms"] - r["timings_ms"].get("queue", 0.0) - r["timings_ms"].get("prefill", 0.0)
+        for r in results
+        if r.get("timings_ms")
+    ]
 
     share = 100 * cached / max(1, cacheable)
     e2e_ratio = service_e2e / direct_e2e
     wall_ratio = service_wall / direct_wall
     print(f"# {args.conversations} conversations x {args.turns} turns, ", end="")
-    print(f"max_tokens={args.max_tokens}, demo model, CPU")
+    print(f"max_tokens={args.max_tokens}, demo model, CPU; load average ", end="")
+    print(" ".join(f"{x:.2f}" for x in os.getloadavg()))
     print(f"turns: {len(results)} ({len(failures)} failed)")
     print(f"prefix cache: {cached}/{cacheable} cacheable prompt tokens served from cache", end="")
     print(f" = {share:.1f} % (turns 2..{args.turns})")
@@ -232,6 +254,14 @@ async def main(args: argparse.Namespace) -> None:
         mean_new = statistics.mean(recomputed[turn])
         p50, p99 = percentile(ttft[turn], 50), percentile(ttft[turn], 99)
         print(f"{turn + 1:>4}  {mean_new:>16.1f}  {p50:>11.1f}  {p99:>11.1f}")
+    print("before the first token (ms)                 p50      p99")
+    for name, values in (
+        ("service (client TTFT - engine queue+prefill)", service_part),
+        ("engine's queue + prefill in those turns", engine_part),
+        ("client TTFT through the service", [r["ttft_ms"] for r in results]),
+        ("engine TTFT, same prompts sent directly", direct_ttft),
+    ):
+        print(f"{name:<45} {percentile(values, 50):>7.1f}  {percentile(values, 99):>7.1f}")
     print(f"end-to-end summed over turns: service {service_e2e:.0f} ms, ", end="")
     print(f"engine direct {direct_e2e:.0f} ms, ratio {e2e_ratio:.2f}")
     print(f"wall clock: service {service_wall:.2f} s, engine direct {direct_wall:.2f} s", end="")

@@ -12,6 +12,9 @@ import datetime as dt
 import hashlib
 import hmac
 import secrets
+import time
+import weakref
+from collections import OrderedDict
 from dataclasses import dataclass
 
 from sqlalchemy import select, update
@@ -26,6 +29,10 @@ SECRET_BYTES = 32
 SCOPES = ("chat", "admin")
 # last_used_at is informational; writing it on every request would serialise SQLite writers.
 LAST_USED_RESOLUTION = dt.timedelta(minutes=1)
+KEY_CHECK_TTL_S = 1.0
+"""How long a key found valid is trusted without asking the database again: a revocation
+or rotation (possibly by another process) takes effect within this."""
+KEYS_REMEMBERED = 10_000
 
 
 @dataclass(frozen=True)
@@ -42,6 +49,20 @@ class Principal:
     key_id: str
     owner: str
     scopes: frozenset[str]
+
+
+@dataclass(frozen=True)
+class _Checked:
+    principal: Principal
+    expires_at: dt.datetime | None
+    checked_at: float
+    """``time.monotonic()`` of the database lookup."""
+
+
+# Keys found valid, per database (its read sessionmaker), by the SHA-256 of the key.
+_checked: weakref.WeakKeyDictionary[
+    async_sessionmaker[AsyncSession], OrderedDict[str, _Checked]
+] = weakref.WeakKeyDictionary()
 
 
 def hash_key(key: str) -> str:
@@ -92,16 +113,31 @@ async def authenticate(
     The key is looked up in a read-only session: on SQLite that takes no write
     lock, so checking a key never queues behind the turns being written. Only
     when ``last_used_at`` is over a minute old is it written, in a short write.
+    A valid key is then trusted for ``KEY_CHECK_TTL_S`` without a lookup (its
+    expiry is still checked every time).
     """
     prefix = split_key(presented)
     if prefix is None:
         return None
+    # A key checked in the last second is not looked up again: under a burst of messages
+    # the lookup would be one more trip to the database for every acknowledgement.
+    digest = hash_key(presented)
+    checked = _checked.setdefault(read_sessions, OrderedDict())
+    hit = checked.get(digest)
+    if (
+        hit is not None
+        and time.monotonic() - hit.checked_at < KEY_CHECK_TTL_S
+        and (hit.expires_at is None or as_utc(hit.expires_at) > utcnow())
+    ):
+        return hit.principal
+    checked.pop(digest, None)
+    looked_up_at = time.monotonic()
     async with read_sessions() as session:
         query = select(ApiKey).where(ApiKey.prefix == prefix)
         record = (await session.scalars(query)).one_or_none()
     # Hash even when the prefix is unknown, so timing does not tell which prefixes exist.
     expected = record.secret_hash if record is not None else hash_key("")
-    if not hmac.compare_digest(hash_key(presented), expected) or record is None:
+    if not hmac.compare_digest(digest, expected) or record is None:
         return None
     now = utcnow()
     if record.revoked_at is not None:
@@ -113,4 +149,8 @@ async def authenticate(
             await session.execute(
                 update(ApiKey).where(ApiKey.id == record.id).values(last_used_at=now)
             )
-    return Principal(record.id, record.owner, frozenset(record.scopes.split(",")))
+    principal = Principal(record.id, record.owner, frozenset(record.scopes.split(",")))
+    checked[digest] = _Checked(principal, record.expires_at, looked_up_at)
+    while len(checked) > KEYS_REMEMBERED:
+        checked.popitem(last=False)
+    return principal

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import event, select, update
 
 from bot.storage.db import create_engine, create_sessionmaker
 from bot.storage.models import Conversation
@@ -37,3 +38,46 @@ async def test_read_then_write_transactions_queue_instead_of_failing(sqlite_url:
         await engine.dispose()
     # Serialised: no lost update and no "database is locked".
     assert final == 20
+
+
+async def test_writers_of_one_process_queue_before_sqlite_sees_them(sqlite_url: str) -> None:
+    """No writer of this process waits in SQLite's busy handler (which polls with sleeps
+    growing to 100 ms): with the busy timeout at 0 every contended BEGIN would fail."""
+    engine = create_engine(sqlite_url)
+
+    def no_busy_wait(dbapi_connection: Any, _record: Any) -> None:
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA busy_timeout=0")
+        cursor.close()
+
+    event.listen(engine.sync_engine, "connect", no_busy_wait)
+    sessions = create_sessionmaker(engine)
+    async with sessions() as session, session.begin():
+        session.add(Conversation(id="c", owner="o", channel="api", external_key="k"))
+
+    async def bump(rollback: bool) -> None:
+        async with sessions() as session:
+            async with session.begin():
+                await session.execute(
+                    update(Conversation)
+                    .where(Conversation.id == "c")
+                    .values(next_turn_seq=Conversation.next_turn_seq + 1)
+                )
+                await asyncio.sleep(0.005)  # others arrive while this one holds the lock
+                if rollback:
+                    await session.rollback()
+            async with engine.connect() as connection:  # a second transaction, no session
+                await connection.execute(
+                    update(Conversation)
+                    .where(Conversation.id == "c")
+                    .values(next_turn_seq=Conversation.next_turn_seq + 1)
+                )
+                await connection.commit()
+
+    try:
+        await asyncio.gather(*(bump(rollback=i % 3 == 0) for i in range(15)))
+        async with sessions() as session:
+            final = await session.scalar(select(Conversation.next_turn_seq))
+    finally:
+        await engine.dispose()
+    assert final == 15 + 10

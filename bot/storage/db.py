@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +17,7 @@ from sqlalchemy.ext.asyncio import (
     create_async_engine,
 )
 from sqlalchemy.pool import NullPool
+from sqlalchemy.util import await_only
 
 SQLITE_BUSY_TIMEOUT_MS = 5000
 READ_ONLY = "bot_read_only"
@@ -36,6 +39,37 @@ def _on_sqlite_connect(dbapi_connection: Any, _record: Any) -> None:
     dbapi_connection.isolation_level = None
 
 
+_WRITER_HELD = "bot_writer_lock"
+"""Key in a pooled connection's ``info``: the writer lock this connection holds."""
+
+_writer_locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, asyncio.Lock]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _writer_lock(database: str) -> asyncio.Lock:
+    """The lock the writers to ``database`` queue on in this process (one per event loop)."""
+    locks = _writer_locks.setdefault(asyncio.get_running_loop(), {})
+    return locks.setdefault(database, asyncio.Lock())
+
+
+async def _acquire_within(lock: asyncio.Lock, timeout_s: float) -> bool:
+    # Not wait_for: it wraps the acquire in a task of its own, a trip through the event
+    # loop for every write even when the lock is free (then this does not suspend at all).
+    try:
+        async with asyncio.timeout(timeout_s):
+            await lock.acquire()
+    except TimeoutError:
+        return False
+    return True
+
+
+def _release_writer(info: dict[str, Any] | None) -> None:
+    lock = info.pop(_WRITER_HELD, None) if info is not None else None
+    if lock is not None and lock.locked():
+        lock.release()
+
+
 def _on_sqlite_begin(connection: Any) -> None:
     # A deferred transaction that reads and then writes cannot wait for the write lock:
     # if another connection committed meanwhile, SQLite fails it at once with "database
@@ -46,8 +80,53 @@ def _on_sqlite_begin(connection: Any) -> None:
     # cannot hold up the turns' writes, and they do not wait for them either.
     if connection.get_execution_options().get(READ_ONLY):
         connection.exec_driver_sql("BEGIN DEFERRED")
-    else:
+        return
+    # The writers of this process queue on an asyncio lock (first come, first served)
+    # before they ask SQLite: SQLite's own busy handler polls with sleeps growing to
+    # 100 ms, so under a burst of accepts a writer would often sleep long after the lock
+    # was free. Past the busy timeout (a writer that never let go) SQLite decides.
+    info = connection.connection.info
+    if _WRITER_HELD not in info:
+        database = connection.engine.url.database or ":memory:"
+        lock = _writer_lock(database)
+        if await_only(_acquire_within(lock, SQLITE_BUSY_TIMEOUT_MS / 1000)):
+            info[_WRITER_HELD] = lock
+    try:
         connection.exec_driver_sql("BEGIN IMMEDIATE")
+    except BaseException:
+        _release_writer(info)
+        raise
+
+
+def _on_sqlite_commit(connection: Any) -> None:
+    # This event comes before SQLAlchemy's COMMIT; the lock may only go once the
+    # transaction has ended, so commit here (SQLAlchemy's COMMIT is then a no-op: the
+    # driver commits only inside a transaction). A failure is left to SQLAlchemy's own
+    # COMMIT, which raises it as usual, and to the rollback that follows.
+    info = connection.connection.info
+    if _WRITER_HELD not in info:
+        return
+    try:
+        connection.connection.dbapi_connection.commit()
+    except Exception:
+        return
+    _release_writer(info)
+
+
+def _on_sqlite_rollback(connection: Any) -> None:
+    info = connection.connection.info
+    if _WRITER_HELD not in info:
+        return
+    try:
+        connection.connection.dbapi_connection.rollback()
+    except Exception:
+        return
+    _release_writer(info)
+
+
+def _on_sqlite_checkin(_dbapi_connection: Any, record: Any, *_: Any) -> None:
+    # A connection back in the pool, reset or invalidated holds no transaction any more.
+    _release_writer(getattr(record, "info", None))
 
 
 def is_sqlite(url: str) -> bool:
@@ -63,6 +142,10 @@ def create_engine(url: str, *, echo: bool = False) -> AsyncEngine:
         engine = create_async_engine(url, echo=echo)
         event.listen(engine.sync_engine, "connect", _on_sqlite_connect)
         event.listen(engine.sync_engine, "begin", _on_sqlite_begin)
+        event.listen(engine.sync_engine, "commit", _on_sqlite_commit)
+        event.listen(engine.sync_engine, "rollback", _on_sqlite_rollback)
+        for name in ("checkin", "reset", "invalidate", "soft_invalidate"):
+            event.listen(engine.sync_engine.pool, name, _on_sqlite_checkin)
         return engine
     return create_async_engine(url, echo=echo, pool_pre_ping=True)
 

@@ -312,6 +312,33 @@ async def test_cancel_stops_a_running_turn(sqlite_url: str, make_client: MakeCli
     assert events[-1].kind == "done"
 
 
+async def test_a_key_in_use_revoked_elsewhere_is_refused_within_a_second(
+    sqlite_url: str, make_client: MakeClient
+) -> None:
+    """Checked keys are trusted briefly without a lookup; a revocation still lands in 1 s."""
+    import time
+
+    from sqlalchemy import update
+
+    from bot.apikeys import KEY_CHECK_TTL_S
+    from bot.storage.db import create_engine, create_sessionmaker
+    from bot.storage.models import ApiKey
+
+    client = await make_client(sqlite_url)
+    key = await issue_key(sqlite_url, "busy")
+    assert (await client.get("/v1/turns/none", headers=auth(key))).status == 404
+    engine = create_engine(sqlite_url)
+    async with create_sessionmaker(engine)() as session, session.begin():
+        now = dt.datetime.now(dt.UTC)
+        await session.execute(update(ApiKey).where(ApiKey.name == "busy").values(revoked_at=now))
+    await engine.dispose()
+    revoked_at = time.monotonic()
+    while (await client.get("/v1/turns/none", headers=auth(key))).status != 401:
+        assert time.monotonic() - revoked_at < KEY_CHECK_TTL_S + 0.5
+        await asyncio.sleep(0.05)
+    assert KEY_CHECK_TTL_S <= 1.0
+
+
 async def test_expired_and_revoked_keys_are_refused(
     sqlite_url: str, make_client: MakeClient
 ) -> None:
