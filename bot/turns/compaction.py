@@ -38,14 +38,15 @@ from dataclasses import dataclass
 from typing import Any
 
 import structlog
-from sqlalchemy import select
+from sqlalchemy import delete, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from bot.engine.base import GenerationRequest, InferenceEngine
-from bot.storage.models import Compaction, Message, Turn, TurnStatus
+from bot.storage.models import Compaction, Message, PreparedBase, Turn, TurnStatus
 from bot.storage.queries import BASE_ROLE, History
 from bot.storage.tokens import pack_token_ids, unpack_token_ids
 from bot.turns.chat_format import ChatFormat, Tokenizer
+from bot.turns.preparation import Plan, Preparation
 from bot.turns.settings import CompactionSettings, GenerationSettings
 
 log = structlog.get_logger("bot.compaction")
@@ -152,10 +153,29 @@ class Compactor:
         )
         self._open_id = tag_token_id(chat_format.tokenizer, settings.think_open_tag)
         self._close_id = tag_token_id(chat_format.tokenizer, settings.think_close_tag)
+        self._preparation = Preparation(
+            settings=settings,
+            chat_format=chat_format,
+            engine=engine,
+            sessions=sessions,
+            plan=self.plan,
+            reasoning_dropped=self.drops_reasoning,
+        )
 
     def needed(self, prompt_tokens: int, max_tokens: int) -> bool:
         high = self._settings.high_watermark * self._engine.max_model_len
         return self._settings.enabled and prompt_tokens + max_tokens > high
+
+    def after_turn(
+        self, conversation_id: str, *, tokens: int, max_tokens: int, cache_salt: str | None
+    ) -> None:
+        """A turn ended: past ``prepare_watermark``, prepare the next base in the background."""
+        self._preparation.after_turn(
+            conversation_id, tokens=tokens, max_tokens=max_tokens, cache_salt=cache_salt
+        )
+
+    async def close(self) -> None:
+        await self._preparation.close()
 
     async def compact(
         self,
@@ -167,30 +187,28 @@ class Compactor:
         max_tokens: int,
         cache_salt: str | None,
     ) -> Compacted | None:
-        """Rebuild and store the base.
+        """Rebuild and store the base: the prepared one if it still fits, else one made now.
 
         None when there is nothing to drop (a lone long message), or when the turn
         is already final (another worker took it over): then nothing is stored.
         """
-        async with self._sessions() as session:
-            previous, exchanges = await self._load(session, conversation_id)
-        if not exchanges:
-            return None
         user_ids = self._format.turn_after_closed(content).token_ids
-        kept = self._fit(exchanges, len(user_ids), max_tokens)
-        dropped = exchanges[: len(exchanges) - len(kept)]
-
-        summary = previous.summary if previous is not None else None
-        summary_tokens = 0
-        if self._settings.summary:
-            summary, summary_tokens = await self._summarise(
-                conversation_id, turn_id, summary, dropped, cache_salt
+        plan = await self._preparation.take(conversation_id, history)
+        high = self._settings.high_watermark * self._engine.max_model_len
+        if plan is not None and len(plan.base_ids) + len(user_ids) + max_tokens > high:
+            log.info("prepared_base_too_long", conversation_id=conversation_id)
+            plan = None
+        if plan is None:
+            plan = await self.plan(
+                conversation_id=conversation_id,
+                request_key=turn_id,
+                reserve=len(user_ids),
+                max_tokens=max_tokens,
+                cache_salt=cache_salt,
             )
-        else:
-            summary = None
-        base_ids = self._format.render_ids(
-            self._messages(summary, kept), add_generation_prompt=False
-        )
+        if plan is None:
+            return None
+        base_ids = plan.base_ids
 
         async with self._sessions() as session, session.begin():
             # Fenced like the turn's final write: once another worker has taken the turn
@@ -203,10 +221,10 @@ class Compactor:
                 conversation_id=conversation_id,
                 turn_id=turn_id,
                 base_seq=history.next_seq,
-                kept_from_seq=kept[0].user_seq if kept else None,
-                summary=summary,
-                dropped_exchanges=len(dropped),
-                kept_exchanges=len(kept),
+                kept_from_seq=plan.kept_from_seq,
+                summary=plan.summary,
+                dropped_exchanges=plan.dropped_exchanges,
+                kept_exchanges=plan.kept_exchanges,
                 tokens_before=len(history.prompt_ids),
                 tokens_after=len(base_ids),
                 reasoning_dropped=self.drops_reasoning,
@@ -223,6 +241,10 @@ class Compactor:
                     turn_id=turn_id,
                 )
             )
+            # Whatever was prepared described the history before this base.
+            await session.execute(
+                delete(PreparedBase).where(PreparedBase.conversation_id == conversation_id)
+            )
             await session.flush()
             compaction_id = record.id
         # Sizes only: the summary and the turns are conversation content, not log material.
@@ -233,21 +255,64 @@ class Compactor:
             compaction_id=compaction_id,
             tokens_before=len(history.prompt_ids),
             tokens_after=len(base_ids),
-            dropped_exchanges=len(dropped),
-            kept_exchanges=len(kept),
-            summary_tokens=summary_tokens,
+            dropped_exchanges=plan.dropped_exchanges,
+            kept_exchanges=plan.kept_exchanges,
+            summary_tokens=plan.summary_tokens,
             reasoning_dropped=self.drops_reasoning,
+            prepared=plan.prepared,
         )
         return Compacted(
             History(base_ids, [], history.next_seq + 1, ends_with_base=True),
             compaction_id,
-            summary_tokens,
+            plan.summary_tokens,
+        )
+
+    async def plan(
+        self,
+        *,
+        conversation_id: str,
+        request_key: str,
+        reserve: int,
+        max_tokens: int,
+        cache_salt: str | None,
+        before_seq: int | None = None,
+    ) -> Plan | None:
+        """The base a compaction would write now, leaving ``reserve`` tokens for what follows.
+
+        Only entries before ``before_seq`` count, if given. None when there is no
+        whole exchange to work with.
+        """
+        async with self._sessions() as session:
+            previous, exchanges = await self._load(session, conversation_id, before_seq)
+        if not exchanges:
+            return None
+        kept = self._fit(exchanges, reserve, max_tokens)
+        dropped = exchanges[: len(exchanges) - len(kept)]
+
+        summary = previous.summary if previous is not None else None
+        summary_tokens = 0
+        if self._settings.summary:
+            summary, summary_tokens = await self._summarise(
+                conversation_id, request_key, summary, dropped, cache_salt
+            )
+        else:
+            summary = None
+        base_ids = self._format.render_ids(
+            self._messages(summary, kept), add_generation_prompt=False
+        )
+        return Plan(
+            base_ids=base_ids,
+            summary=summary,
+            summary_tokens=summary_tokens,
+            kept_from_seq=kept[0].user_seq if kept else None,
+            dropped_exchanges=len(dropped),
+            kept_exchanges=len(kept),
         )
 
     # -- pieces ------------------------------------------------------------------------
 
     async def _load(
-        self, session: AsyncSession, conversation_id: str
+        self, session: AsyncSession, conversation_id: str, before_seq: int | None = None
     ) -> tuple[Compaction | None, list[Exchange]]:
         previous = (
             await session.scalars(
@@ -271,6 +336,8 @@ class Compactor:
                 previous.kept_from_seq if previous.kept_from_seq is not None else previous.base_seq
             )
             query = query.where(Message.seq >= start)
+        if before_seq is not None:
+            query = query.where(Message.seq < before_seq)
         rows = [
             (seq, role, self._answer(text, ids) if role == "assistant" else text, turn_id)
             for seq, role, text, turn_id, ids in await session.execute(query)
@@ -302,12 +369,14 @@ class Compactor:
             messages.append({"role": "assistant", "content": exchange.assistant})
         return messages
 
-    def _fit(self, exchanges: list[Exchange], user_tokens: int, max_tokens: int) -> list[Exchange]:
-        """The most recent whole exchanges under the low watermark; never all of them."""
+    def _fit(self, exchanges: list[Exchange], reserve: int, max_tokens: int) -> list[Exchange]:
+        """The most recent whole exchanges under the low watermark; never all of them.
+
+        ``reserve``: tokens that follow the base before the turn's generation (the user
+        turn; for a prepared base, the exchanges still to come before the switch).
+        """
         budget = (
-            int(self._settings.low_watermark * self._engine.max_model_len)
-            - user_tokens
-            - max_tokens
+            int(self._settings.low_watermark * self._engine.max_model_len) - reserve - max_tokens
         )
         if self._settings.summary:
             # Room for the summary still to be written, and for its header.
@@ -332,7 +401,7 @@ class Compactor:
     async def _summarise(
         self,
         conversation_id: str,
-        turn_id: str,
+        request_key: str,
         previous: str | None,
         dropped: Sequence[Exchange],
         cache_salt: str | None,
@@ -371,7 +440,7 @@ class Compactor:
             add_generation_prompt=True,
         )
         request = GenerationRequest(
-            request_id=f"{turn_id}:summary",
+            request_id=f"{request_key}:summary",
             prompt_token_ids=prompt,
             max_tokens=self._settings.summary_max_tokens,
             temperature=self._generation.temperature,
@@ -387,7 +456,9 @@ class Compactor:
                 generated += len(chunk.token_ids)
         except Exception as exc:
             log.warning(
-                "compaction_summary_failed", turn_id=turn_id, error=f"{type(exc).__name__}: {exc}"
+                "compaction_summary_failed",
+                request=request_key,
+                error=f"{type(exc).__name__}: {exc}",
             )
             return previous, 0
         if self.drops_reasoning:

@@ -50,6 +50,7 @@ class _Progress:
     covered: list[Turn] = field(default_factory=list)
     """Queued turns this one answers too (coalescing)."""
     compaction_id: str | None = None
+    cache_salt: str | None = None
     history_entries: list[Message] = field(default_factory=list)
     """User and assistant entries, stored with the final status of a done turn."""
 
@@ -157,6 +158,16 @@ class TurnRunner:
             )
         finally:
             structlog.contextvars.unbind_contextvars("turn_id", "conversation_id")
+        compactor = self.policy.compactor
+        if compactor is not None and end.status == TurnStatus.DONE and progress.prompt_tokens:
+            # Off the turn: a long conversation's next base is prepared (or kept warm) now,
+            # so that the turn that switches to it does not pay for it.
+            compactor.after_turn(
+                turn.conversation_id,
+                tokens=progress.prompt_tokens + len(progress.generated),
+                max_tokens=self._generation.max_tokens,
+                cache_salt=progress.cache_salt,
+            )
 
     async def _generate(
         self, turn: Turn, sink: ReplySink, clock: LayerClock, progress: _Progress
@@ -167,6 +178,7 @@ class TurnRunner:
             async with self._read_sessions() as session:
                 history = await load_history(session, turn.conversation_id)
                 cache_salt = await self.policy.cache_salt(session, turn.conversation_id)
+        progress.cache_salt = cache_salt
         with clock.measure("tokenize"):
             content = combined_content(turn, progress.covered)
             user = self._user_turn(history, content)
