@@ -167,6 +167,7 @@ async def create_app(
             chat_format=fmt,
             engine=inference,
             sessions=sessions,
+            read_sessions=read_sessions,
             fair_use=turns.fair_use,
             partials=(
                 None if turns.claims.exclusive else PartialReplies(sessions, turns.claims.worker_id)

@@ -33,7 +33,7 @@ detokenization drops from the reply text; otherwise it is made in the text.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,7 +42,7 @@ from sqlalchemy import delete, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from bot.engine.base import GenerationRequest, InferenceEngine
-from bot.storage.models import Compaction, Message, PreparedBase, Turn, TurnStatus
+from bot.storage.models import Compaction, Message, PreparedBase, Turn, TurnStatus, new_id
 from bot.storage.queries import BASE_ROLE, History
 from bot.storage.tokens import pack_token_ids, unpack_token_ids
 from bot.turns.chat_format import ChatFormat, Tokenizer
@@ -70,11 +70,18 @@ class Exchange:
     assistant: str
 
 
+WriteInTurnEnd = Callable[[AsyncSession, Turn], Awaitable[None]]
+
+
 @dataclass(frozen=True)
 class Compacted:
     history: History
     compaction_id: str
     summary_tokens: int
+    entries: Sequence[Message] = ()
+    """A base not stored yet: stored with the turn's own entries, if the turn is done."""
+    write: WriteInTurnEnd | None = None
+    """The rest of such a compaction, for the turn's final transaction."""
 
 
 def strip_reasoning(text: str, open_tag: str, close_tag: str) -> str:
@@ -141,12 +148,15 @@ class Compactor:
         engine: InferenceEngine,
         generation: GenerationSettings,
         sessions: async_sessionmaker[AsyncSession],
+        read_sessions: async_sessionmaker[AsyncSession] | None = None,
     ) -> None:
         self._settings = settings
         self._format = chat_format
         self._engine = engine
         self._generation = generation
         self._sessions = sessions
+        self._read_sessions = read_sessions or sessions
+        """Reads: on SQLite these never take the write lock, which the next turn may need."""
         self.drops_reasoning = settings.reasoning == "drop" or (
             settings.reasoning == "auto"
             and knows_reasoning_tags(chat_format.tokenizer, settings.think_close_tag)
@@ -158,6 +168,7 @@ class Compactor:
             chat_format=chat_format,
             engine=engine,
             sessions=sessions,
+            read_sessions=self._read_sessions,
             plan=self.plan,
             reasoning_dropped=self.drops_reasoning,
         )
@@ -209,6 +220,8 @@ class Compactor:
         if plan is None:
             return None
         base_ids = plan.base_ids
+        if plan.prepared:
+            return self._deferred(conversation_id, turn_id, history, plan)
 
         async with self._sessions() as session, session.begin():
             # Fenced like the turn's final write: once another worker has taken the turn
@@ -247,6 +260,70 @@ class Compactor:
             )
             await session.flush()
             compaction_id = record.id
+        self._log(conversation_id, turn_id, compaction_id, history, plan)
+        return Compacted(
+            History(base_ids, [], history.next_seq + 1, ends_with_base=True),
+            compaction_id,
+            plan.summary_tokens,
+        )
+
+    def _deferred(
+        self, conversation_id: str, turn_id: str, history: History, plan: Plan
+    ) -> Compacted:
+        """A prepared base, written with the turn's end: nothing is written before its prefill.
+
+        If the turn does not end done, nothing is written: the history is unchanged and the
+        prepared base still describes it, so the next turn switches to it instead.
+        """
+        compaction_id = new_id()
+        fields: dict[str, Any] = {
+            "id": compaction_id,
+            "conversation_id": conversation_id,
+            "turn_id": turn_id,
+            "base_seq": history.next_seq,
+            "kept_from_seq": plan.kept_from_seq,
+            "summary": plan.summary,
+            "dropped_exchanges": plan.dropped_exchanges,
+            "kept_exchanges": plan.kept_exchanges,
+            "tokens_before": len(history.prompt_ids),
+            "tokens_after": len(plan.base_ids),
+            "reasoning_dropped": self.drops_reasoning,
+        }
+
+        async def write(session: AsyncSession, turn: Turn) -> None:
+            if turn.status != TurnStatus.DONE:
+                return
+            # A fresh row per attempt: the final write may be retried after a rollback.
+            session.add(Compaction(**fields, created_at=dt.datetime.now(dt.UTC)))
+            await session.execute(
+                delete(PreparedBase).where(PreparedBase.conversation_id == conversation_id)
+            )
+
+        base = Message(
+            conversation_id=conversation_id,
+            seq=history.next_seq,
+            role=BASE_ROLE,
+            text=self._format.decode(plan.base_ids),
+            token_ids=pack_token_ids(plan.base_ids),
+            turn_id=turn_id,
+        )
+        self._log(conversation_id, turn_id, compaction_id, history, plan)
+        return Compacted(
+            History(plan.base_ids, [], history.next_seq + 1, ends_with_base=True),
+            compaction_id,
+            plan.summary_tokens,
+            entries=[base],
+            write=write,
+        )
+
+    def _log(
+        self,
+        conversation_id: str,
+        turn_id: str,
+        compaction_id: str,
+        history: History,
+        plan: Plan,
+    ) -> None:
         # Sizes only: the summary and the turns are conversation content, not log material.
         log.info(
             "compaction",
@@ -254,17 +331,12 @@ class Compactor:
             turn_id=turn_id,
             compaction_id=compaction_id,
             tokens_before=len(history.prompt_ids),
-            tokens_after=len(base_ids),
+            tokens_after=len(plan.base_ids),
             dropped_exchanges=plan.dropped_exchanges,
             kept_exchanges=plan.kept_exchanges,
             summary_tokens=plan.summary_tokens,
             reasoning_dropped=self.drops_reasoning,
             prepared=plan.prepared,
-        )
-        return Compacted(
-            History(base_ids, [], history.next_seq + 1, ends_with_base=True),
-            compaction_id,
-            plan.summary_tokens,
         )
 
     async def plan(
@@ -282,7 +354,7 @@ class Compactor:
         Only entries before ``before_seq`` count, if given. None when there is no
         whole exchange to work with.
         """
-        async with self._sessions() as session:
+        async with self._read_sessions() as session:
             previous, exchanges = await self._load(session, conversation_id, before_seq)
         if not exchanges:
             return None

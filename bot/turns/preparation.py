@@ -121,6 +121,7 @@ class Preparation:
         chat_format: ChatFormat,
         engine: InferenceEngine,
         sessions: async_sessionmaker[AsyncSession],
+        read_sessions: async_sessionmaker[AsyncSession],
         plan: PlanBase,
         reasoning_dropped: bool,
     ) -> None:
@@ -128,6 +129,7 @@ class Preparation:
         self._format = chat_format
         self._engine = engine
         self._sessions = sessions
+        self._read_sessions = read_sessions
         self._plan = plan
         self._reasoning_dropped = reasoning_dropped
         self._tasks: dict[str, asyncio.Task[None]] = {}
@@ -201,7 +203,7 @@ class Preparation:
     async def _prepare_or_warm(
         self, conversation_id: str, max_tokens: int, cache_salt: str | None
     ) -> None:
-        async with self._sessions() as session:
+        async with self._read_sessions() as session:
             history = await load_history(session, conversation_id)
             base_seq = await latest_base_seq(session, conversation_id)
             row = await session.get(PreparedBase, conversation_id)
@@ -339,7 +341,7 @@ class Preparation:
         if not self._settings.prepare_ahead:
             return None
         await self.settle(conversation_id)
-        async with self._sessions() as session:
+        async with self._read_sessions() as session:
             row = await session.get(PreparedBase, conversation_id)
             if row is None or not row.ready:
                 return None

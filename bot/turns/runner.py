@@ -25,7 +25,8 @@ from bot.storage.tokens import pack_token_ids
 from bot.turns.cancellation import Cancellations
 from bot.turns.chat_format import ChatFormat, UserTurn
 from bot.turns.coalescing import claim_pending, coalesced_end, combined_content
-from bot.turns.ending import TurnEnd, TurnEndings, timings_of, usage
+from bot.turns.compaction import WriteInTurnEnd
+from bot.turns.ending import ChargeTurn, TurnEnd, TurnEndings, timings_of, usage
 from bot.turns.policy import TurnPolicy
 from bot.turns.replies import ReplySink, TurnAddress, UsageAwareSink
 from bot.turns.settings import GenerationSettings
@@ -51,6 +52,10 @@ class _Progress:
     """Queued turns this one answers too (coalescing)."""
     compaction_id: str | None = None
     cache_salt: str | None = None
+    compaction_write: WriteInTurnEnd | None = None
+    """A compaction stored with the turn's end (a prepared base), its entries first in
+    ``history_entries``."""
+    compaction_entries: list[Message] = field(default_factory=list)
     history_entries: list[Message] = field(default_factory=list)
     """User and assistant entries, stored with the final status of a done turn."""
 
@@ -154,7 +159,10 @@ class TurnRunner:
                 end,
                 sink=sink,
                 history=progress.history_entries if end.status == TurnStatus.DONE else (),
-                charge=self.policy.fair_use.charge_turn if self.policy.fair_use else None,
+                charge=_in_final_write(
+                    progress.compaction_write,
+                    self.policy.fair_use.charge_turn if self.policy.fair_use else None,
+                ),
             )
         finally:
             structlog.contextvars.unbind_contextvars("turn_id", "conversation_id")
@@ -199,6 +207,8 @@ class TurnRunner:
             if compacted is not None:
                 history = compacted.history
                 progress.compaction_id = compacted.compaction_id
+                progress.compaction_entries = list(compacted.entries)
+                progress.compaction_write = compacted.write
                 user = self._user_turn(history, content)
                 prompt = history.prompt_ids + user.token_ids
         progress.prompt_tokens = len(prompt)
@@ -251,6 +261,7 @@ class TurnRunner:
         # locked transaction as the final status (``TurnEndings.finish``), so a turn another
         # worker has taken over meanwhile adds nothing to the history.
         progress.history_entries = [
+            *progress.compaction_entries,
             Message(
                 conversation_id=turn.conversation_id,
                 seq=history.next_seq,
@@ -309,3 +320,16 @@ class TurnRunner:
             round(ttft, 3) if ttft is not None else None,
             round((time.time() - received_at) * 1000, 3),
         )
+
+
+def _in_final_write(*steps: ChargeTurn | None) -> ChargeTurn | None:
+    """Steps run in the turn's final transaction, in order (``TurnEndings.finish``)."""
+    present = [step for step in steps if step is not None]
+    if not present:
+        return None
+
+    async def run(session: AsyncSession, turn: Turn) -> None:
+        for step in present:
+            await step(session, turn)
+
+    return run
