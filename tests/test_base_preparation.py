@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -10,7 +11,9 @@ import structlog
 from sqlalchemy import select, update
 
 from bot.config import EngineSettings
+from bot.engine.base import GenerationChunk, GenerationRequest
 from bot.engine.vllm_local import LocalVLLMEngine
+from bot.errors import EngineError, ErrorClass
 from bot.storage.db import create_engine, create_sessionmaker
 from bot.storage.models import Compaction, Conversation, Message, PreparedBase
 from bot.storage.queries import load_history
@@ -230,6 +233,60 @@ async def test_a_stale_or_half_prepared_base_is_not_used(
         # Rebuilt in the turn from the history as it is now, not from the stale base.
         stale = unpack_token_ids(row.token_ids or b"")
         assert (await _bases(db_url))[line["turn_id"]][: len(stale)] != stale
+
+
+class FailingTurnEngine(RecordingEngine):
+    """The real engine; while ``fail_turns`` is set, a turn's request fails (engine down)."""
+
+    fail_turns = False
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
+        if self.fail_turns and not request.request_id.startswith("prepare-"):
+            raise EngineError(ErrorClass.ENGINE_UNAVAILABLE, "connection refused (test)")
+        async for chunk in super().generate(request):
+            yield chunk
+
+
+async def test_a_failed_switch_turn_leaves_the_prepared_base_for_the_next_turn(
+    db_url: str, make_client: MakeClient, engine: LocalVLLMEngine, chat_format: ChatFormat
+) -> None:
+    spy = FailingTurnEngine(engine)
+    client = await make_client(db_url, engine_override=spy, **_sections())
+    key = await issue_key(db_url)
+    i = 0
+    with structlog.testing.capture_logs() as logs:
+        while await _prepared(db_url) is None:
+            await _say(client, key, i)
+            i += 1
+            assert i < 30
+        row = await _until_prepared(db_url)
+        while await _next_prompt_tokens(db_url, chat_format, LINES[i % 7]) + MAX_TOKENS <= (
+            HIGH * TEST_MAX_MODEL_LEN
+        ):
+            await _say(client, key, i)
+            i += 1
+        spy.fail_turns = True
+        response = await client.post(
+            "/v1/messages",
+            json={"conversation_id": "long", "message_id": f"m{i}", "text": LINES[i % 7]},
+            headers={**auth(key), "Accept": "text/event-stream"},
+        )
+        events = await read_sse(response)
+        assert events[-1].data.get("error_class") == "engine_unavailable"
+        failed = sorted(await load_turns(db_url), key=lambda turn: turn.seq)[-1]
+        assert failed.status == "failed" and failed.compaction_id is None
+        # Nothing of the switch was written; the prepared base is still there, still ready.
+        assert await _compaction_turns(db_url) == [] and await _bases(db_url) == {}
+        kept = await _prepared(db_url)
+        assert kept is not None and kept.ready and kept.claim == row.claim
+        spy.fail_turns = False
+        await _say(client, key, i + 1)
+    lines = [line for line in logs if line["event"] == "compaction"]
+    assert [line["prepared"] for line in lines] == [True, True]
+    rows = sorted(await load_turns(db_url), key=lambda turn: turn.seq)
+    assert rows[-1].compaction_id is not None
+    assert await _compaction_turns(db_url) == [(rows[-1].compaction_id, rows[-1].id)]
+    assert await _prepared(db_url) is None
 
 
 @pytest.mark.postgres

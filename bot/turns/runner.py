@@ -312,7 +312,9 @@ class TurnRunner:
         end.cached_tokens = progress.cached_tokens
         end.completion_tokens = len(progress.generated)
         end.finish_reason = progress.finish_reason
-        end.compaction_id = progress.compaction_id
+        # A compaction written with the turn's end exists only if the turn is done.
+        deferred_and_lost = progress.compaction_write is not None and end.status != TurnStatus.DONE
+        end.compaction_id = None if deferred_and_lost else progress.compaction_id
         end.coalesced = [turn.id for turn in progress.covered]
         ttft = (progress.first_token_at - received_at) * 1000 if progress.first_token_at else None
         end.timings_ms = timings_of(
