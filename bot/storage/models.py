@@ -255,10 +255,12 @@ class PreparedBase(Base):
 
     One row per conversation. ``claim`` names one preparation: a row that is not
     ``ready`` is a preparation in progress (or one that died half-way: ignored, and
-    taken over once ``lease_until`` has passed). A ready row covers the history of
-    the base at ``after_base_seq`` (-1: no base yet) up to ``from_seq``: its
-    ``covered_tokens`` first prompt ids, whose SHA-256 is ``covered_digest``. A
-    history that no longer starts with those ids has changed since: the row is stale.
+    taken over once ``lease_until`` has passed). A ready row covers the path of the
+    history tree from the base at ``after_base_seq`` (-1: no base yet) down to the
+    entry ``head_seq`` (None: an empty history): its ``covered_tokens`` first prompt
+    ids, whose SHA-256 is ``covered_digest``. A path that no longer passes through
+    ``head_seq`` (an edit, a regeneration, another branch) or no longer starts with
+    those ids has changed since: the row is stale.
     """
 
     __tablename__ = "prepared_bases"
@@ -270,7 +272,7 @@ class PreparedBase(Base):
     ready: Mapped[bool] = mapped_column(default=False)
     lease_until: Mapped[dt.datetime]
     after_base_seq: Mapped[int] = mapped_column(Integer)
-    from_seq: Mapped[int] = mapped_column(Integer)
+    head_seq: Mapped[int | None] = mapped_column(Integer)
     covered_tokens: Mapped[int] = mapped_column(Integer)
     covered_digest: Mapped[str] = mapped_column(String(64))
     token_ids: Mapped[bytes | None] = mapped_column(LargeBinary)

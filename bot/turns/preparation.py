@@ -17,18 +17,22 @@ turn has ended:
    vLLM's prefix cache, under the conversation's tenant salt.
 
 The conversation goes on meanwhile. The base that the switch turn uses is the
-prepared one *rolled forward*: the prepared ids, then the entries stored since
-(the first user entry re-rendered after a closed reply, the rest id for id),
-then the last reply's closing. After every later turn the worker prefills that
-rolled-forward base again, which computes only the new exchange's tokens.
+prepared one *rolled forward*: the prepared ids, then the entries on the path
+below the entry it was prepared up to (the first user entry re-rendered after a
+closed reply, the rest id for id), then the last reply's closing. After every
+later turn the worker prefills that rolled-forward base again, which computes
+only the new exchange's tokens.
 
-At the switch (``take``) the prepared row is used only if it still describes
-the history: the same latest base, and the history still starts with exactly
-the ids the row was prepared from (its SHA-256) followed by the entries since.
-Anything else (an edit, a compaction by another path, a half-prepared row left
-by a crash: ``ready`` false) falls back to compacting in the turn. A crash
-between claim and fill leaves a row that is never ready; another preparation
-takes it over once its lease (``PREPARE_LEASE_S``) has passed.
+The history is a tree (``bot.storage.queries.path_entries``): a row describes
+the path from the root to the entry it was prepared up to (``head_seq``). At
+the switch (``take``) it is used only if that entry is still on the path the
+turn continues (an edit or a regeneration of it, or activating another branch,
+leaves it on a path no longer prompted), with the same latest base, the
+history still starting with exactly the ids the row was prepared from (their
+SHA-256), followed by the path's entries since. Anything else (a half-prepared
+row left by a crash, ``ready`` false, included) falls back to compacting in the
+turn. A crash between claim and fill leaves a row that is never ready; another
+preparation takes it over once its lease (``PREPARE_LEASE_S``) has passed.
 """
 
 from __future__ import annotations
@@ -42,13 +46,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import structlog
-from sqlalchemy import delete, func, select, update
+from sqlalchemy import delete, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from bot.engine.base import GenerationRequest, InferenceEngine
-from bot.storage.models import Message, PreparedBase, utcnow
-from bot.storage.queries import BASE_ROLE, History, as_utc, load_history
+from bot.storage.models import PreparedBase, utcnow
+from bot.storage.queries import BASE_ROLE, History, as_utc, load_history, path_entries
 from bot.storage.tokens import pack_token_ids, unpack_token_ids
 from bot.turns.chat_format import ChatFormat
 from bot.turns.settings import CompactionSettings
@@ -90,23 +94,32 @@ def digest(ids: Sequence[int]) -> str:
     return hashlib.sha256(pack_token_ids(list(ids))).hexdigest()
 
 
-async def latest_base_seq(session: AsyncSession, conversation_id: str) -> int:
-    """The seq of the conversation's latest base entry; -1 before its first compaction."""
-    seq = await session.scalar(
-        select(func.max(Message.seq)).where(
-            Message.conversation_id == conversation_id, Message.role == BASE_ROLE
-        )
-    )
-    return -1 if seq is None else int(seq)
+async def _path(session: AsyncSession, conversation_id: str, head_seq: int | None) -> list[_Entry]:
+    """The prompted path up to ``head_seq``: from the latest base on it (or the root)."""
+    if head_seq is None:
+        return []
+    return [
+        _Entry(entry.seq, entry.role, entry.text, unpack_token_ids(entry.token_ids))
+        for entry in await path_entries(session, conversation_id, head_seq)
+    ]
 
 
-async def _entries_from(session: AsyncSession, conversation_id: str, seq: int) -> list[_Entry]:
-    rows = await session.execute(
-        select(Message.seq, Message.role, Message.text, Message.token_ids)
-        .where(Message.conversation_id == conversation_id, Message.seq >= seq)
-        .order_by(Message.seq)
-    )
-    return [_Entry(s, role, text, unpack_token_ids(ids)) for s, role, text, ids in rows]
+def _base_seq(path: Sequence[_Entry]) -> int:
+    """The seq of the latest base on the path; -1 before its first compaction."""
+    return path[0].seq if path and path[0].role == BASE_ROLE else -1
+
+
+def _since(path: Sequence[_Entry], seq: int | None) -> list[_Entry] | None:
+    """The path's entries below ``seq``; None when ``seq`` is not on the path (another branch).
+
+    ``seq`` None is the empty history, above every path.
+    """
+    if seq is None:
+        return list(path)
+    for index, entry in enumerate(path):
+        if entry.seq == seq:
+            return list(path[index + 1 :])
+    return None
 
 
 def _insert(session: AsyncSession) -> Any:
@@ -205,15 +218,13 @@ class Preparation:
     ) -> None:
         async with self._read_sessions() as session:
             history = await load_history(session, conversation_id)
-            base_seq = await latest_base_seq(session, conversation_id)
+            path = await _path(session, conversation_id, history.head_seq)
             row = await session.get(PreparedBase, conversation_id)
-            entries = (
-                await _entries_from(session, conversation_id, row.from_seq)
-                if row is not None and row.ready
-                else []
-            )
+        if history.head_seq is None:
+            return
+        base_seq = _base_seq(path)
         if row is not None and row.ready:
-            rolled = self._roll_forward(row, base_seq, history, entries)
+            rolled = self._roll_forward(row, base_seq, history, path)
             if rolled is not None:
                 await self._warm(conversation_id, rolled[0], cache_salt)
                 return
@@ -268,7 +279,7 @@ class Preparation:
             "ready": False,
             "lease_until": now + dt.timedelta(seconds=PREPARE_LEASE_S),
             "after_base_seq": base_seq,
-            "from_seq": history.next_seq,
+            "head_seq": history.head_seq,
             "covered_tokens": len(history.prompt_ids),
             "covered_digest": digest(history.prompt_ids),
             "token_ids": None,
@@ -345,22 +356,17 @@ class Preparation:
             row = await session.get(PreparedBase, conversation_id)
             if row is None or not row.ready:
                 return None
-            base_seq = await latest_base_seq(session, conversation_id)
-            entries = await _entries_from(session, conversation_id, row.from_seq)
-        rolled = self._roll_forward(row, base_seq, history, entries)
+            path = await _path(session, conversation_id, history.head_seq)
+        rolled = self._roll_forward(row, _base_seq(path), history, path)
         if rolled is None:
             log.info("prepared_base_stale", conversation_id=conversation_id)
             return None
-        ids, exchanges = rolled
+        ids, exchanges, first_seq = rolled
         return Plan(
             base_ids=ids,
             summary=row.summary,
             summary_tokens=0,
-            kept_from_seq=(
-                row.kept_from_seq
-                if row.kept_from_seq is not None
-                else (row.from_seq if exchanges else None)
-            ),
+            kept_from_seq=row.kept_from_seq if row.kept_from_seq is not None else first_seq,
             dropped_exchanges=row.dropped_exchanges,
             kept_exchanges=row.kept_exchanges + exchanges,
             prepared=True,
@@ -371,13 +377,19 @@ class Preparation:
         row: PreparedBase,
         base_seq: int,
         history: History,
-        entries: Sequence[_Entry],
-    ) -> tuple[list[int], int] | None:
-        """The prepared ids + the entries since, closed; and how many exchanges those are.
+        path: Sequence[_Entry],
+    ) -> tuple[list[int], int, int | None] | None:
+        """The prepared ids + the path's entries since, closed; how many exchanges those are,
+        and the first one's seq.
 
-        None when the row no longer describes ``history``.
+        None when the row no longer describes ``history``, the prompt of ``path``: the
+        entry it was prepared up to is not on the path (an edit, a regeneration or another
+        branch moved the head away from it), or the ids it covered changed.
         """
         if row.token_ids is None or row.after_base_seq != base_seq:
+            return None
+        entries = _since(path, row.head_seq)
+        if entries is None:
             return None
         covered = history.prompt_ids[: row.covered_tokens]
         if len(covered) != row.covered_tokens or digest(covered) != row.covered_digest:
@@ -402,4 +414,4 @@ class Preparation:
             if entries[-1].role != "assistant":
                 return None
             ids += self._format.closing_ids(entries[-1].ids)
-        return ids, exchanges
+        return ids, exchanges, entries[0].seq if entries else None

@@ -26,7 +26,7 @@ def upgrade() -> None:
         sa.Column("ready", sa.Boolean(), nullable=False),
         sa.Column("lease_until", sa.DateTime(timezone=True), nullable=False),
         sa.Column("after_base_seq", sa.Integer(), nullable=False),
-        sa.Column("from_seq", sa.Integer(), nullable=False),
+        sa.Column("head_seq", sa.Integer(), nullable=True),
         sa.Column("covered_tokens", sa.Integer(), nullable=False),
         sa.Column("covered_digest", sa.String(length=64), nullable=False),
         sa.Column("token_ids", sa.LargeBinary(), nullable=True),

@@ -164,7 +164,7 @@ async def _edit_covered_entry(db_url: str, row: PreparedBase) -> None:
             entry = (
                 await session.scalars(
                     select(Message)
-                    .where(Message.role == "user", Message.seq < row.from_seq)
+                    .where(Message.role == "user", Message.seq <= row.head_seq)
                     .order_by(Message.seq.desc())
                 )
             ).first()
