@@ -14,6 +14,7 @@ from bot.config import EngineSettings
 from bot.engine.base import GenerationChunk, GenerationRequest
 from bot.engine.vllm_local import LocalVLLMEngine
 from bot.errors import EngineError, ErrorClass
+from bot.http.keys import TURNS
 from bot.storage.db import create_engine, create_sessionmaker
 from bot.storage.models import Compaction, Conversation, Message, PreparedBase
 from bot.storage.queries import load_history
@@ -338,3 +339,176 @@ async def test_one_worker_prepares_a_conversation_at_a_time(
         assert sorted(again) == [False, True]
     finally:
         await db.dispose()
+
+
+async def _send(client: Any, key: str, text: str, message_id: str) -> str:
+    response = await client.post(
+        "/v1/messages",
+        json={"conversation_id": "long", "message_id": message_id, "text": text},
+        headers=auth(key),
+    )
+    body = await response.json()
+    events = await read_sse(await client.get(body["stream_url"], headers=auth(key)))
+    assert events[-1].kind == "done", (message_id, events[-1])
+    return str(body["turn_id"])
+
+
+async def _fork(client: Any, key: str, turn_id: str, action: str, **body: Any) -> str:
+    response = await client.post(
+        f"/v1/turns/{turn_id}/{action}", json=body or None, headers=auth(key)
+    )
+    assert response.status == 202, await response.text()
+    new = await response.json()
+    events = await read_sse(await client.get(new["stream_url"], headers=auth(key)))
+    assert events[-1].kind == "done", (action, events[-1])
+    return str(new["turn_id"])
+
+
+async def _path_to_head(db_url: str) -> tuple[list[Message], int | None]:
+    """The active branch's entries (root to head, through bases) and the head."""
+    engine = create_engine(db_url)
+    try:
+        async with create_sessionmaker(engine)() as session:
+            conversation = (await session.scalars(select(Conversation))).one()
+            entries = {
+                entry.seq: entry
+                for entry in await session.scalars(
+                    select(Message).where(Message.conversation_id == conversation.id)
+                )
+            }
+    finally:
+        await engine.dispose()
+    path: list[Message] = []
+    seq = conversation.head_seq
+    while seq is not None:
+        path.insert(0, entries[seq])
+        seq = entries[seq].parent_seq
+    return path, conversation.head_seq
+
+
+async def _settled(client: Any) -> None:
+    """Wait for this app's background preparations (they start as a turn ends)."""
+    preparation = client.app[TURNS]._runner.policy.compactor._preparation
+    for _ in range(100):
+        await asyncio.sleep(0.02)
+        if not preparation._tasks:
+            return
+        await asyncio.gather(*preparation._tasks.values(), return_exceptions=True)
+    raise AssertionError("background preparations did not settle")
+
+
+def _marked(i: int) -> str:
+    return f"{LINES[i % 7]} [turn-{i}]"
+
+
+async def test_an_edit_of_the_prepared_turn_does_not_use_the_stale_base(
+    db_url: str, make_client: MakeClient, engine: LocalVLLMEngine, chat_format: ChatFormat
+) -> None:
+    """The edit forks above the entry the base was prepared up to: that base describes a
+    branch no longer prompted, so the edit (which needs a compaction) rebuilds its own."""
+    spy = RecordingEngine(engine)
+    client = await make_client(db_url, engine_override=spy, **_sections())
+    key = await issue_key(db_url)
+    i = 0
+    with structlog.testing.capture_logs() as logs:
+        while await _prepared(db_url) is None:
+            last = await _send(client, key, _marked(i), f"m{i}")
+            await _settled(client)
+            i += 1
+            assert i < 30
+        row = await _until_prepared(db_url)
+        path, head = await _path_to_head(db_url)
+        # Prepared up to the last reply: the turn just before it is the one to edit.
+        assert row.head_seq == head and path[-1].turn_id == last
+        prepared_turn = i - 1
+        fork_seq = path[-2].parent_seq
+        assert fork_seq is not None and path[-2].role == "user"
+
+        # An edit long enough to pass the high watermark from the fork point: it compacts.
+        engine_db = create_engine(db_url)
+        try:
+            async with create_sessionmaker(engine_db)() as session:
+                conversation_id = (await session.scalars(select(Conversation.id))).one()
+                forked = await load_history(session, conversation_id, at=fork_seq)
+        finally:
+            await engine_db.dispose()
+        words = 1
+        while True:
+            edited = "EDITED " + " ".join(["river"] * words)
+            user = chat_format.next_turn(forked.last_assistant_ids, edited)
+            if len(forked.prompt_ids) + len(user.token_ids) + MAX_TOKENS > HIGH * (
+                TEST_MAX_MODEL_LEN
+            ):
+                break
+            words += 1
+        edit_id = await _fork(client, key, last, "edit", text=edited)
+
+    [line] = [line for line in logs if line["event"] == "compaction"]
+    assert line["turn_id"] == edit_id
+    assert line["prepared"] is False
+    assert any(line["event"] == "prepared_base_stale" for line in logs)
+    left = await _prepared(db_url)
+    assert left is None or left.claim != row.claim
+
+    # The model saw the new branch: the base rebuilt from the fork point, then the edit.
+    calls = {call.request.request_id: call for call in spy.calls}
+    prompt = list(calls[edit_id].request.prompt_token_ids)
+    shown = chat_format.decode(prompt)
+    assert edited in shown
+    assert f"[turn-{prepared_turn}]" not in shown
+    stale = unpack_token_ids(row.token_ids or b"")
+    assert prompt[: len(stale)] != stale
+    path, head = await _path_to_head(db_url)
+    base, user_entry, reply = path[-3:]
+    assert (base.role, user_entry.role, reply.role) == ("base", "user", "assistant")
+    assert base.parent_seq == fork_seq and base.turn_id == edit_id
+    assert prompt[: len(unpack_token_ids(base.token_ids))] == unpack_token_ids(base.token_ids)
+    assert user_entry.text == edited and head == reply.seq
+    assert all(turn.status == "done" for turn in await load_turns(db_url))
+
+
+async def test_after_a_regeneration_the_base_is_prepared_again_from_the_new_branch(
+    db_url: str, make_client: MakeClient, engine: LocalVLLMEngine, chat_format: ChatFormat
+) -> None:
+    """A regeneration never compacts; it moves the head off the entry the base was
+    prepared up to, so the base is prepared again, and the switch uses that one."""
+    spy = RecordingEngine(engine)
+    client = await make_client(db_url, engine_override=spy, **_sections())
+    key = await issue_key(db_url)
+    i = 0
+    with structlog.testing.capture_logs() as logs:
+        while await _prepared(db_url) is None:
+            last = await _send(client, key, _marked(i), f"m{i}")
+            await _settled(client)
+            i += 1
+            assert i < 30
+        row = await _until_prepared(db_url)
+        _, head = await _path_to_head(db_url)
+        assert row.head_seq == head
+        again = await _fork(client, key, last, "regenerate")
+        for _ in range(600):
+            fresh = await _until_prepared(db_url)
+            if fresh.claim != row.claim:
+                break
+            await asyncio.sleep(0.05)
+        path, head = await _path_to_head(db_url)
+        # Prepared again from the regenerated reply, the head of the active branch.
+        assert fresh.claim != row.claim and fresh.head_seq == head
+        assert path[-1].turn_id == again and path[-1].seq != row.head_seq
+        while not [line for line in logs if line["event"] == "compaction"]:
+            await _send(client, key, _marked(i), f"m{i}")
+            i += 1
+            assert i < 40
+
+    assert any(line["event"] == "prepared_base_stale" for line in logs)
+    [line] = [line for line in logs if line["event"] == "compaction"]
+    assert line["prepared"] is True and line["turn_id"] != again
+    switch = {call.request.request_id: call for call in spy.calls}[line["turn_id"]]
+    path, _ = await _path_to_head(db_url)
+    [base] = [entry for entry in path if entry.role == "base"]
+    ids = unpack_token_ids(base.token_ids)
+    assert list(switch.request.prompt_token_ids)[: len(ids)] == ids
+    # The base continues the regenerated branch: the regeneration's reply is above it.
+    above = [entry.seq for entry in path if entry.seq < base.seq]
+    assert path[-1].seq > base.seq and head in above
+    assert all(turn.status == "done" for turn in await load_turns(db_url))
