@@ -12,9 +12,10 @@ from __future__ import annotations
 import os
 import tomllib
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -23,8 +24,10 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from bot.channels.kind import unique_names
 from bot.channels.registry import CHANNELS
 from bot.engine.settings import DEFAULT_DATA_DIR, DEFAULT_DEMO_MODEL_DIR, EngineSettings
+from bot.turns.personas import PersonaSettings
 from bot.turns.settings import (
     CompactionSettings,
     GenerationSettings,
@@ -124,6 +127,10 @@ class CoreSettings(BaseSettings):
     compaction: CompactionSettings = Field(default_factory=CompactionSettings)
     limits: LimitSettings = Field(default_factory=LimitSettings)
     tenancy: TenancySettings = Field(default_factory=TenancySettings)
+    personas: Annotated[list[PersonaSettings], AfterValidator(unique_names)] = Field(
+        default_factory=list
+    )
+    """System-prompt presets a conversation can be started with (``/mode NAME``, ``persona``)."""
 
     @classmethod
     def settings_customise_sources(

@@ -197,3 +197,37 @@ async def store_turns(
                     created_at=created,
                 )
             )
+
+
+PIRATE_PROMPT = "You are a pirate captain. Answer in pirate speak, arr."
+PERSONAS: list[dict[str, Any]] = [
+    {
+        "name": "pirate",
+        "description": "Talks like a pirate",
+        "system_prompt": PIRATE_PROMPT,
+        "temperature": 0.7,
+        "top_p": 0.9,
+        "max_tokens": 7,
+    },
+    {"name": "terse", "system_prompt": "Answer in one word."},
+]
+
+
+async def conversations_in(db_url: str) -> list[Conversation]:
+    engine = create_engine(db_url)
+    try:
+        async with create_sessionmaker(engine)() as session:
+            query = select(Conversation).order_by(Conversation.created_at)
+            return list((await session.scalars(query)).all())
+    finally:
+        await engine.dispose()
+
+
+async def conversation_personas(db_url: str) -> dict[str, str | None]:
+    engine = create_engine(db_url)
+    try:
+        async with create_sessionmaker(engine)() as session:
+            rows = await session.execute(select(Conversation.external_key, Conversation.persona))
+            return {key: persona for key, persona in rows}
+    finally:
+        await engine.dispose()

@@ -37,6 +37,14 @@ def test_environment_overrides_the_file(tmp_path: Path, monkeypatch: pytest.Monk
             '[[telegram]]\nname = "x"\ntoken = "1:a"\n[[telegram]]\nname = "x"\ntoken = "2:b"\n',
             "telegram: Value error, names must be unique",
         ),
+        (
+            '[[personas]]\nname = "a"\nsystem_prompt = "x"\n'
+            '[[personas]]\nname = "a"\nsystem_prompt = "y"\n',
+            "personas: Value error, names must be unique; repeated: a",
+        ),
+        ('[[personas]]\nname = "Pirate Bob"\nsystem_prompt = "x"\n', "personas.0.name"),
+        ('[[personas]]\nname = "pirate"\n', "personas.0.system_prompt"),
+        ('[[personas]]\nname = "p"\nsystem_prompt = "x"\ntop_p = 2\n', "personas.0.top_p"),
     ],
 )
 def test_bad_values_name_the_key(tmp_path: Path, document: str, bad_key: str) -> None:
@@ -84,8 +92,11 @@ def test_example_channel_tables_are_valid_when_uncommented() -> None:
         lines.append(line)
     settings = load_settings_from_text("\n".join(lines))
     assert [bot.name for bot in settings.telegram] == ["support"]
+    assert settings.telegram[0].allowed_users == ["123456789", "alice"]
+    assert settings.slack[0].admins == ["U0123ABCD"]
     assert [app.name for app in settings.slack] == ["acme"]
     assert [hook.name for hook in settings.webhooks] == ["crm"]
+    assert [persona.name for persona in settings.personas] == ["pirate", "terse"]
 
 
 def load_settings_from_text(text: str) -> Settings:

@@ -34,8 +34,9 @@ DoctorCheck = Callable[["aiohttp.ClientSession", Any, "str | None"], Awaitable[s
 credentials and webhook; raises ``bot.doctor.report.DoctorFailure`` when wrong."""
 
 
-def _names_unique(tables: list[Any]) -> list[Any]:
-    # Names are URL segments and channel ids: two tables with one name would collide.
+def unique_names(tables: list[Any]) -> list[Any]:
+    # Names are URL segments, channel ids and persona names: two tables with one name
+    # would collide.
     counts = Counter(table.name for table in tables)
     repeated = sorted(name for name, count in counts.items() if count > 1)
     if repeated:
@@ -55,7 +56,7 @@ class ChannelKind(Generic[Table]):
 
     def settings_field(self) -> tuple[Any, Any]:
         """The type and default of ``section`` in ``bot.config.Settings``."""
-        field_type = Annotated[list[self.table], AfterValidator(_names_unique)]  # type: ignore[name-defined]
+        field_type = Annotated[list[self.table], AfterValidator(unique_names)]  # type: ignore[name-defined]
         return field_type, Field(default_factory=list)
 
     def tables(self, settings: Settings) -> list[Table]:

@@ -44,6 +44,7 @@ from bot.turns.chat_format import ChatFormat, ChatFormatSource, load_tokenizer
 from bot.turns.claims import build_claims
 from bot.turns.limits import FairUse
 from bot.turns.partials import PartialReplies
+from bot.turns.personas import Personas
 from bot.turns.policy import build_policy
 from bot.turns.runner import TurnRunner
 from bot.turns.service import TurnService
@@ -144,6 +145,7 @@ async def create_app(
     turns.claims = build_claims(settings.workers, settings.database.url, sessions)
     turns.fair_use = FairUse(settings.limits)
     app[USAGE] = UsageReports(read_sessions, turns.fair_use)
+    turns.personas = Personas(settings.personas, generation=settings.generation)
     http = platform_client()
     app[HTTP_CLIENT] = http
     metrics = ops.setup(app)
@@ -189,6 +191,7 @@ async def create_app(
                 policy=policy,
                 endings=turns.endings,
                 cancellations=turns.cancellations,
+                personas=turns.personas,
             )
         )
         await turns.recover()

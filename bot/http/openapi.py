@@ -28,7 +28,10 @@ _REASONS = {
     403: "The API key lacks the scope this endpoint needs",
     404: "No such resource (another owner's turn, an unconfigured integration)",
     408: "The request body did not arrive within server.body_timeout_s",
-    409: "The turn cannot be regenerated, edited or activated now (the reason says why)",
+    409: (
+        "The turn cannot be regenerated, edited or activated now, or a persona was given "
+        "for a conversation started with another one (the reason says why); nothing stored"
+    ),
     413: "The body is over server.max_body_bytes",
     429: "Over a fair-use limit; Retry-After says when to try again; nothing stored",
     503: "Not ready, the database did not answer, or a platform lookup failed; try again",
@@ -104,6 +107,32 @@ _MESSAGE_IN = {
         "message_id": _ID,
         "text": {"type": "string", "minLength": 1},
         "user_id": {"type": "string", "maxLength": ID_MAX, "nullable": True},
+        "persona": {
+            "type": "string",
+            "maxLength": ID_MAX,
+            "nullable": True,
+            "description": (
+                "A configured persona (GET /v1/personas) for a conversation this message "
+                "starts. A persona is chosen when a conversation starts and never changes: "
+                "its system prompt opens the history every later prompt (and the prefix "
+                "cache) is built on. Unknown: 400. Given for an existing conversation "
+                "started with another persona (or none): 409, nothing stored."
+            ),
+        },
+    },
+}
+_PERSONAS = {
+    "type": "object",
+    "required": ["personas"],
+    "properties": {
+        "personas": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["name", "description"],
+                "properties": {"name": {"type": "string"}, "description": {"type": "string"}},
+            },
+        }
     },
 }
 _EDIT_IN = {
@@ -126,7 +155,17 @@ _PATHS: dict[str, dict[str, Any]] = {
             "responses": {
                 "200": _SSE,
                 "202": _json("Stored (or a duplicate of a stored message): the turn"),
-                **_errors(400, 401, 403, 408, 413, 429, 503),
+                **_errors(400, 401, 403, 408, 409, 413, 429, 503),
+            },
+        }
+    },
+    "/v1/personas": {
+        "get": {
+            "summary": "The personas (system-prompt presets) a new conversation can start with",
+            "security": _BEARER,
+            "responses": {
+                "200": _json("The configured personas, in config order", _PERSONAS),
+                **_errors(401, 403),
             },
         }
     },
@@ -325,7 +364,7 @@ _PATHS: dict[str, dict[str, Any]] = {
     },
     "/slack/commands": {
         "post": {
-            "summary": "Slack slash commands /new and /stop; signature checked",
+            "summary": "Slack slash commands /new, /stop and /mode; signature checked",
             "requestBody": _raw_body("application/x-www-form-urlencoded"),
             "responses": {
                 "200": {"description": "The command's answer"},

@@ -96,6 +96,9 @@ class Conversation(Base):
     head_seq: Mapped[int | None] = mapped_column(Integer)
     """The active branch's last history entry (``messages.seq``); NULL while there is none.
     The next turn's prompt is the path from the root (or the latest base on it) to here."""
+    persona: Mapped[str | None] = mapped_column(String(64))
+    """The preset it was started with (``bot.turns.personas``); NULL: ``chat.system_prompt``.
+    Set when the conversation is created, never changed: it opens the token-exact history."""
 
     messages: Mapped[list[Message]] = relationship(
         back_populates="conversation", lazy="raise_on_sql", order_by="Message.seq"

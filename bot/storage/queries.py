@@ -15,12 +15,19 @@ from bot.storage.tokens import unpack_token_ids
 
 
 async def open_conversation(
-    session: AsyncSession, *, owner: str, channel: str, external_key: str
+    session: AsyncSession,
+    *,
+    owner: str,
+    channel: str,
+    external_key: str,
+    persona: str | None = None,
 ) -> Conversation:
-    """The open conversation for this key, created if there is none.
+    """The open conversation for this key, created (with ``persona``) if there is none.
 
-    Two requests racing to create the same conversation are settled by the
-    partial unique index: the loser re-reads the winner's row.
+    An existing conversation keeps the persona it was created with, whatever
+    ``persona`` says: the caller compares them. Two requests racing to create the
+    same conversation are settled by the partial unique index: the loser re-reads
+    the winner's row.
     """
     query = select(Conversation).where(
         Conversation.owner == owner,
@@ -31,7 +38,9 @@ async def open_conversation(
     conversation = (await session.scalars(query)).one_or_none()
     if conversation is not None:
         return conversation
-    conversation = Conversation(owner=owner, channel=channel, external_key=external_key)
+    conversation = Conversation(
+        owner=owner, channel=channel, external_key=external_key, persona=persona
+    )
     try:
         async with session.begin_nested():
             session.add(conversation)
@@ -70,6 +79,13 @@ async def close_conversation(
         .values(closed_at=utcnow())
     )
     return int(getattr(result, "rowcount", 0) or 0)
+
+
+async def conversation_persona(session: AsyncSession, conversation_id: str) -> str | None:
+    persona: str | None = await session.scalar(
+        select(Conversation.persona).where(Conversation.id == conversation_id)
+    )
+    return persona
 
 
 async def find_event(session: AsyncSession, channel: str, event_id: str) -> InboundEvent | None:
@@ -112,20 +128,8 @@ async def get_turn_for_owner(
     return None if row is None else (row[0], row[1] or "")
 
 
-async def recent_turns(
-    session: AsyncSession, *, owner: str, channel: str, conversation_key: str, limit: int
-) -> list[Turn]:
-    """The newest ``limit`` turns of an open conversation, oldest first (none if no such)."""
-    conversation_id = await session.scalar(
-        select(Conversation.id).where(
-            Conversation.owner == owner,
-            Conversation.channel == channel,
-            Conversation.external_key == conversation_key,
-            Conversation.closed_at.is_(None),
-        )
-    )
-    if conversation_id is None:
-        return []
+async def recent_turns(session: AsyncSession, conversation_id: str, *, limit: int) -> list[Turn]:
+    """The newest ``limit`` turns of a conversation, oldest first."""
     newest = await session.scalars(
         select(Turn)
         .where(Turn.conversation_id == conversation_id)

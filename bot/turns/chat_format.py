@@ -103,6 +103,10 @@ class ChatFormat:
         )
         self._after_closed_frame = self._derive_after_closed_frame()
 
+    def with_system_prompt(self, system_prompt: str) -> ChatFormat:
+        """The same template and tokenizer, opening conversations with another system prompt."""
+        return ChatFormat(self._tokenizer, system_prompt)
+
     # -- template probing ------------------------------------------------------------
 
     def _render(self, messages: list[dict[str, str]], *, add_generation_prompt: bool) -> str:

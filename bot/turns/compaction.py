@@ -204,11 +204,22 @@ class Compactor:
         return self._settings.enabled and prompt_tokens + max_tokens > high
 
     def after_turn(
-        self, conversation_id: str, *, tokens: int, max_tokens: int, cache_salt: str | None
+        self,
+        conversation_id: str,
+        *,
+        tokens: int,
+        max_tokens: int,
+        cache_salt: str | None,
+        system_prompt: str | None = None,
     ) -> None:
-        """A turn ended: past ``prepare_watermark``, prepare the next base in the background."""
+        """A turn ended: past ``prepare_watermark``, prepare the next base in the background
+        (opened by ``system_prompt``, the conversation's persona's; default: the format's)."""
         self._preparation.after_turn(
-            conversation_id, tokens=tokens, max_tokens=max_tokens, cache_salt=cache_salt
+            conversation_id,
+            tokens=tokens,
+            max_tokens=max_tokens,
+            cache_salt=cache_salt,
+            system_prompt=system_prompt,
         )
 
     async def close(self) -> None:
@@ -223,8 +234,10 @@ class Compactor:
         history: History,
         max_tokens: int,
         cache_salt: str | None,
+        system_prompt: str | None = None,
     ) -> Compacted | None:
-        """Rebuild and store the base: the prepared one if it still fits, else one made now.
+        """Rebuild and store the base, opened by ``system_prompt`` (the conversation's persona's;
+        default: the format's): the prepared one if it still fits, else one made now.
 
         None when there is nothing to drop (a lone long message), or when the turn
         is already final (another worker took it over): then nothing is stored.
@@ -243,6 +256,7 @@ class Compactor:
                 max_tokens=max_tokens,
                 cache_salt=cache_salt,
                 head_seq=history.head_seq,
+                system_prompt=system_prompt,
             )
         if plan is None:
             return None
@@ -384,9 +398,11 @@ class Compactor:
         max_tokens: int,
         cache_salt: str | None,
         head_seq: int | None,
+        system_prompt: str | None = None,
     ) -> Plan | None:
         """The base a compaction of the path up to ``head_seq`` would write now, leaving
-        ``reserve`` tokens for what follows.
+        ``reserve`` tokens for what follows, opened by ``system_prompt`` (default: the
+        format's).
 
         None when there is no whole exchange to work with.
         """
@@ -394,7 +410,8 @@ class Compactor:
             previous, exchanges = await self._load(session, conversation_id, head_seq)
         if not exchanges:
             return None
-        kept = self._fit(exchanges, reserve, max_tokens)
+        system = self._format.system_prompt if system_prompt is None else system_prompt
+        kept = self._fit(exchanges, reserve, max_tokens, system)
         dropped = exchanges[: len(exchanges) - len(kept)]
 
         summary = previous.summary if previous is not None else None
@@ -406,7 +423,7 @@ class Compactor:
         else:
             summary = None
         base_ids = self._format.render_ids(
-            self._messages(summary, kept), add_generation_prompt=False
+            self._messages(system, summary, kept), add_generation_prompt=False
         )
         return Plan(
             base_ids=base_ids,
@@ -470,8 +487,9 @@ class Compactor:
         ids = answer_ids(unpack_token_ids(packed_ids), self._open_id, self._close_id)
         return self._format.tokenizer.decode(ids, skip_special_tokens=True).strip()
 
-    def _messages(self, summary: str | None, kept: Sequence[Exchange]) -> list[dict[str, str]]:
-        system = self._format.system_prompt
+    def _messages(
+        self, system: str, summary: str | None, kept: Sequence[Exchange]
+    ) -> list[dict[str, str]]:
         if summary:
             system = (
                 f"{system}\n\n{SUMMARY_HEADER}\n{summary}"
@@ -484,7 +502,9 @@ class Compactor:
             messages.append({"role": "assistant", "content": exchange.assistant})
         return messages
 
-    def _fit(self, exchanges: list[Exchange], reserve: int, max_tokens: int) -> list[Exchange]:
+    def _fit(
+        self, exchanges: list[Exchange], reserve: int, max_tokens: int, system: str
+    ) -> list[Exchange]:
         """The most recent whole exchanges under the low watermark; never all of them.
 
         ``reserve``: tokens that follow the base before the turn's generation (the user
@@ -502,7 +522,7 @@ class Compactor:
             candidate = exchanges[len(exchanges) - kept - 1 :]
             size = len(
                 self._format.render_ids(
-                    self._messages(None, candidate), add_generation_prompt=False
+                    self._messages(system, None, candidate), add_generation_prompt=False
                 )
             )
             if size > budget:

@@ -33,3 +33,8 @@ class InboundMessage:
     """Wall-clock time the request arrived; TTFT and end-to-end latency count from here."""
     api_key_id: str | None = None
     """The API key that sent it (HTTP API): fair-use limits count per key, else per user."""
+    unlimited: bool = False
+    """The sender is exempt from fair-use limits (an admin of the bot or app)."""
+    persona: str | None = None
+    """The persona a conversation this message starts is given (a configured name); a
+    conversation that already exists with another persona refuses the message."""

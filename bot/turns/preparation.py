@@ -79,7 +79,8 @@ class Plan:
 
 PlanBase = Callable[..., Awaitable[Plan | None]]
 """``Compactor.plan``: (conversation_id, request_key, reserve, max_tokens, cache_salt,
-head_seq) -> the base a compaction of that path would write now, or None (nothing to drop)."""
+head_seq, system_prompt) -> the base a compaction of that path would write now, or None
+(nothing to drop)."""
 
 
 @dataclass(frozen=True)
@@ -156,7 +157,13 @@ class Preparation:
     # -- after a turn (background) -------------------------------------------------------
 
     def after_turn(
-        self, conversation_id: str, *, tokens: int, max_tokens: int, cache_salt: str | None
+        self,
+        conversation_id: str,
+        *,
+        tokens: int,
+        max_tokens: int,
+        cache_salt: str | None,
+        system_prompt: str | None = None,
     ) -> None:
         """A turn ended with ``tokens`` in its prompt + reply: prepare or warm, in the background.
 
@@ -168,7 +175,7 @@ class Preparation:
             return
         previous = self._tasks.get(conversation_id)
         task = asyncio.create_task(
-            self._background(conversation_id, max_tokens, cache_salt, previous),
+            self._background(conversation_id, max_tokens, cache_salt, system_prompt, previous),
             name=f"prepare-base-{conversation_id}",
         )
         self._tasks[conversation_id] = task
@@ -197,12 +204,13 @@ class Preparation:
         conversation_id: str,
         max_tokens: int,
         cache_salt: str | None,
+        system_prompt: str | None,
         previous: asyncio.Task[None] | None,
     ) -> None:
         if previous is not None:
             await asyncio.gather(previous, return_exceptions=True)
         try:
-            await self._prepare_or_warm(conversation_id, max_tokens, cache_salt)
+            await self._prepare_or_warm(conversation_id, max_tokens, cache_salt, system_prompt)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -214,7 +222,11 @@ class Preparation:
             )
 
     async def _prepare_or_warm(
-        self, conversation_id: str, max_tokens: int, cache_salt: str | None
+        self,
+        conversation_id: str,
+        max_tokens: int,
+        cache_salt: str | None,
+        system_prompt: str | None,
     ) -> None:
         async with self._read_sessions() as session:
             history = await load_history(session, conversation_id)
@@ -242,6 +254,7 @@ class Preparation:
             max_tokens=max_tokens,
             cache_salt=cache_salt,
             head_seq=history.head_seq,
+            system_prompt=system_prompt,
         )
         if plan is None:
             async with self._sessions() as session, session.begin():

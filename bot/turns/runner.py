@@ -19,7 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from bot.engine.base import GenerationChunk, GenerationRequest, InferenceEngine
 from bot.errors import BotError, ContextOverflow, ErrorClass
 from bot.storage.models import Message, Turn, TurnStatus, utcnow
-from bot.storage.queries import History, as_utc, load_history
+from bot.storage.queries import History, as_utc, conversation_persona, load_history
 from bot.storage.text import storable
 from bot.storage.tokens import pack_token_ids
 from bot.turns.cancellation import Cancellations
@@ -27,6 +27,7 @@ from bot.turns.chat_format import ChatFormat, UserTurn
 from bot.turns.coalescing import claim_pending, coalesced_end, combined_content
 from bot.turns.compaction import WriteInTurnEnd
 from bot.turns.ending import ChargeTurn, TurnEnd, TurnEndings, timings_of, usage
+from bot.turns.personas import PersonaChoice, Personas
 from bot.turns.policy import TurnPolicy
 from bot.turns.replies import ReplySink, TurnAddress, UsageAwareSink
 from bot.turns.settings import GenerationSettings
@@ -52,6 +53,7 @@ class _Progress:
     """Queued turns this one answers too (coalescing)."""
     compaction_id: str | None = None
     cache_salt: str | None = None
+    persona: PersonaChoice | None = None
     compaction_write: WriteInTurnEnd | None = None
     """A compaction stored with the turn's end (a prepared base), its entries first in
     ``history_entries``."""
@@ -74,6 +76,7 @@ class TurnRunner:
         endings: TurnEndings,
         policy: TurnPolicy | None = None,
         cancellations: Cancellations | None = None,
+        personas: Personas | None = None,
     ) -> None:
         self.policy = policy or TurnPolicy()
         self.cancellations = cancellations or Cancellations()
@@ -85,6 +88,8 @@ class TurnRunner:
         self._chat_format = chat_format
         self._streams = streams
         self._generation = generation
+        self._personas = personas or Personas(generation=generation)
+        """A conversation's persona picks its system prompt and sampling."""
         self._open_reply = open_reply
         self._endings = endings
 
@@ -169,14 +174,21 @@ class TurnRunner:
         finally:
             structlog.contextvars.unbind_contextvars("turn_id", "conversation_id")
         compactor = self.policy.compactor
-        if compactor is not None and end.status == TurnStatus.DONE and progress.prompt_tokens:
+        persona = progress.persona
+        if (
+            compactor is not None
+            and persona is not None
+            and end.status == TurnStatus.DONE
+            and progress.prompt_tokens
+        ):
             # Off the turn: a long conversation's next base is prepared (or kept warm) now,
             # so that the turn that switches to it does not pay for it.
             compactor.after_turn(
                 turn.conversation_id,
                 tokens=progress.prompt_tokens + len(progress.generated),
-                max_tokens=self._generation.max_tokens,
+                max_tokens=persona.generation.max_tokens,
                 cache_salt=progress.cache_salt,
+                system_prompt=persona.chat_format.system_prompt,
             )
 
     async def _generate(
@@ -189,15 +201,20 @@ class TurnRunner:
                 # An edit or a regeneration names where it forks off the tree; else the head.
                 history = await load_history(session, turn.conversation_id, at=turn.parent_seq)
                 cache_salt = await self.policy.cache_salt(session, turn.conversation_id)
+                persona = self._personas.choice(
+                    await conversation_persona(session, turn.conversation_id), self._chat_format
+                )
         progress.cache_salt = cache_salt
+        progress.persona = persona
         # A regeneration forks at its user entry: the prompt is, id for id, the one the
         # earlier attempt had (cached up to its last partial block), no new user entry.
         answers_again = history.last_role == "user"
         with clock.measure("tokenize"):
             content = combined_content(turn, progress.covered)
-            user = None if answers_again else self._user_turn(history, content)
+            user = None if answers_again else self._user_turn(persona, history, content)
             prompt = history.prompt_ids + (user.token_ids if user else [])
-        max_tokens = self._generation.max_tokens
+        generation = persona.generation
+        max_tokens = generation.max_tokens
         compactor = self.policy.compactor
         if (
             user is not None
@@ -214,13 +231,14 @@ class TurnRunner:
                     history=history,
                     max_tokens=max_tokens,
                     cache_salt=cache_salt,
+                    system_prompt=persona.chat_format.system_prompt,
                 )
             if compacted is not None:
                 history = compacted.history
                 progress.compaction_id = compacted.compaction_id
                 progress.compaction_entries = list(compacted.entries)
                 progress.compaction_write = compacted.write
-                user = self._user_turn(history, content)
+                user = self._user_turn(persona, history, content)
                 prompt = history.prompt_ids + user.token_ids
         progress.prompt_tokens = len(prompt)
         if len(prompt) + max_tokens > self._engine.max_model_len:
@@ -230,8 +248,8 @@ class TurnRunner:
             request_id=turn.id,
             prompt_token_ids=prompt,
             max_tokens=max_tokens,
-            temperature=self._generation.temperature,
-            top_p=self._generation.top_p,
+            temperature=generation.temperature,
+            top_p=generation.top_p,
             cache_salt=cache_salt,
             session_key=turn.conversation_id,
         )
@@ -316,12 +334,15 @@ class TurnRunner:
             turn_id, lambda: progress.text, on_lost=lambda: self.cancellations.request(turn_id)
         )
 
-    def _user_turn(self, history: History, content: str) -> UserTurn:
+    def _user_turn(self, persona: PersonaChoice, history: History, content: str) -> UserTurn:
+        chat_format = persona.chat_format
         if history.ends_with_base:
-            return self._chat_format.turn_after_closed(content)
+            return chat_format.turn_after_closed(content)
         if history.prompt_ids:
-            return self._chat_format.next_turn(history.last_assistant_ids, content)
-        return self._chat_format.first_turn(content)
+            return chat_format.next_turn(history.last_assistant_ids, content)
+        # Only the first prompt holds the system prompt (the persona's): every later one
+        # starts with these very ids.
+        return chat_format.first_turn(content)
 
     def _fill(
         self, end: TurnEnd, clock: LayerClock, progress: _Progress, received_at: float

@@ -35,6 +35,7 @@ from bot.turns.claims import LocalClaims, TurnClaims
 from bot.turns.ending import TurnEnd, TurnEndings, apply_to_row
 from bot.turns.inbound import InboundMessage
 from bot.turns.limits import FairUse, RateLimited, Refusal, subjects_for
+from bot.turns.personas import Personas
 from bot.turns.replies import Channel, ReplySink, TurnAddress
 from bot.turns.streams import TurnStreams
 
@@ -57,6 +58,31 @@ class Accepted:
     duplicate: bool
     rate_limited: Refusal | None = None
     """Set when a fair-use limit refused the message: nothing was stored, try again later."""
+    persona_conflict: PersonaConflict | None = None
+    """Set when the message named a persona its existing conversation was not started with."""
+
+
+@dataclass(frozen=True)
+class PersonaConflict:
+    """A persona cannot change mid-conversation: nothing was stored."""
+
+    conversation_persona: str | None
+    requested: str
+
+    @property
+    def reason(self) -> str:
+        current = self.conversation_persona or "the default"
+        return (
+            f"this conversation was started with {current} persona; a persona is chosen "
+            "when a conversation starts and never changes (it opens the history every later "
+            "prompt is built on): start a new conversation to use another"
+        )
+
+
+class _PersonaConflictError(Exception):
+    def __init__(self, conflict: PersonaConflict) -> None:
+        super().__init__(conflict.reason)
+        self.conflict = conflict
 
 
 class UnknownChannel(Exception):
@@ -104,6 +130,8 @@ class TurnService:
         self.claims: TurnClaims = LocalClaims(sessions)
         """Turn leases; the app replaces it with one configured for several workers."""
         self.fair_use: FairUse | None = None
+        self.personas: Personas | None = None
+        """The configured personas; channels look names up here, the runner uses them."""
         self._apologies: set[asyncio.Task[None]] = set()
         self.cancellations = Cancellations()
         """Stop requests for the turns running here; the runner shares it."""
@@ -138,7 +166,7 @@ class TurnService:
         started = time.perf_counter()
         try:
             async with self._sessions() as session, session.begin():
-                if self.fair_use is not None:
+                if self.fair_use is not None and not message.unlimited:
                     # Counted in this transaction: a refusal rolls every count back.
                     await self.fair_use.admit(session, _limit_subjects(message))
                 conversation = await queries.open_conversation(
@@ -146,7 +174,12 @@ class TurnService:
                     owner=message.owner,
                     channel=message.channel,
                     external_key=message.conversation_key,
+                    persona=message.persona,
                 )
+                if message.persona is not None and conversation.persona != message.persona:
+                    raise _PersonaConflictError(
+                        PersonaConflict(conversation.persona, message.persona)
+                    )
                 seq = await queries.allocate_turn_seq(session, conversation.id)
                 turn = Turn(
                     conversation_id=conversation.id,
@@ -175,6 +208,10 @@ class TurnService:
         except RateLimited as exc:
             # A redelivery of a message already accepted is acknowledged, never refused.
             return await self._find_duplicate(message) or self._refuse(message, exc.refusal)
+        except _PersonaConflictError as exc:
+            return await self._find_duplicate(message) or Accepted(
+                "", "", duplicate=False, persona_conflict=exc.conflict
+            )
         except IntegrityError:
             # The same delivery raced us (platform retry, second worker): theirs won.
             existing = await self._find_duplicate(message)
@@ -388,12 +425,26 @@ class TurnService:
         log.info("duplicate_delivery", channel=message.channel, event_id=message.event_id)
         return Accepted(event.turn_id or "", event.conversation_id or "", duplicate=True)
 
-    async def new_conversation(self, *, channel: str, owner: str, conversation_key: str) -> None:
-        """Close the open conversation for this key; the next message starts a fresh history."""
+    async def new_conversation(
+        self, *, channel: str, owner: str, conversation_key: str, persona: str | None = None
+    ) -> None:
+        """Close the open conversation for this key; the next message starts a fresh history.
+
+        With ``persona`` the fresh conversation is opened at once, with that persona, so
+        the next message continues it (``/mode``).
+        """
         async with self._sessions() as session, session.begin():
             await queries.close_conversation(
                 session, owner=owner, channel=channel, external_key=conversation_key
             )
+            if persona is not None:
+                await queries.open_conversation(
+                    session,
+                    owner=owner,
+                    channel=channel,
+                    external_key=conversation_key,
+                    persona=persona,
+                )
 
     async def cancel_active(self, *, channel: str, owner: str, conversation_key: str) -> bool:
         """Stop the reply being generated in this conversation, if any."""

@@ -9,8 +9,8 @@ from bot.http.keys import TURNS
 from bot.storage.db import create_engine, create_sessionmaker
 from bot.storage.models import Turn
 from tests.conftest import MakeClient, issue_key
+from tests.helpers import store_turns
 from tests.ops.helpers import botctl, chat
-from tests.test_usage import _store
 
 
 def env(db_url: str) -> dict[str, str]:
@@ -40,7 +40,7 @@ async def test_usage_per_day_owner_and_channel(db_url: str, make_client: MakeCli
     # A Telegram user's turn three days ago: outside --days 1, inside --since that day.
     three_days_ago = dt.datetime.now(dt.UTC) - dt.timedelta(days=3)
     engine = create_engine(db_url)
-    await _store(
+    await store_turns(
         create_sessionmaker(engine),
         owner="telegram:support",
         channel="telegram:support",

@@ -128,6 +128,15 @@ async def test_bad_config_stops_at_the_first_layer_and_names_the_key(tmp_path: P
     assert "server.port" in results[0].detail and "server.colour" in results[0].detail
 
 
+async def test_a_bad_access_list_stops_at_config_and_names_the_key(tmp_path: Path) -> None:
+    table = {"name": "support", "token": TELEGRAM_TOKEN, "allowed_users": ["alice smith"]}
+    config = write_config(tmp_path / "bot.toml", {}, {"telegram": [table]})
+    results = await run_doctor(config)
+    assert layers(results) == [("config", False, "config")]
+    assert "telegram.0.allowed_users" in results[0].detail
+    assert "neither a Telegram user id" in results[0].detail
+
+
 def closed_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -8,6 +8,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qsl, urlencode
 
 import aiohttp
 import pytest
@@ -127,4 +128,50 @@ def mention(
     body["event"].update(ts=ts, event_ts=ts, user=user)
     if thread_ts:
         body["event"]["thread_ts"] = thread_ts
+    return body
+
+
+COMMAND_FIXTURE = FIXTURES / "slash_command_new_in_dm.txt"
+FORM = "application/x-www-form-urlencoded"
+DM_KEY = f"im:{DM}"
+
+
+def command_form(command: str = "/new", **fields: str) -> dict[str, str]:
+    """The fixture's fields (a ``/new`` in the DM) with ``command`` and ``fields`` changed."""
+    form = dict(parse_qsl(COMMAND_FIXTURE.read_text().strip(), keep_blank_values=True))
+    return {**form, "command": command, **fields}
+
+
+def in_channel(command: str) -> dict[str, str]:
+    return command_form(command, channel_id=CHANNEL, channel_name="general")
+
+
+async def post_command(
+    client: TestClient[Any, Any],
+    form: dict[str, str] | str,
+    *,
+    secret: str = SIGNING_SECRET,
+    timestamp: int | None = None,
+    signature: str | None = None,
+    content_type: str = FORM,
+) -> tuple[int, dict[str, Any]]:
+    raw = form if isinstance(form, str) else urlencode(form)
+    ts = str(int(time.time()) if timestamp is None else timestamp)
+    headers = {"Content-Type": content_type, "X-Slack-Request-Timestamp": ts}
+    headers["X-Slack-Signature"] = (
+        signature or SignatureVerifier(secret).generate_signature(timestamp=ts, body=raw) or ""
+    )
+    response = await client.post("/slack/commands", data=raw, headers=headers)
+    document: dict[str, Any] = await response.json()
+    return response.status, document
+
+
+def ephemeral(text: str) -> dict[str, Any]:
+    return {"response_type": "ephemeral", "text": text}
+
+
+def dm_message(event_id: str, ts: str, text: str) -> dict[str, Any]:
+    body = load_fixture("message_im")
+    body["event_id"] = event_id
+    body["event"].update(ts=ts, event_ts=ts, text=text)
     return body

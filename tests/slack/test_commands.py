@@ -11,13 +11,9 @@ import asyncio
 import json
 import time
 from collections.abc import Callable
-from typing import Any
-from urllib.parse import parse_qsl, urlencode
+from urllib.parse import urlencode
 
 import pytest
-from aiohttp.test_utils import TestClient
-from slack_sdk.signature import SignatureVerifier
-from sqlalchemy import select
 
 from bot.channels.slack.commands import (
     DM_ONLY_TEXT,
@@ -33,81 +29,30 @@ from bot.channels.slack.commands import (
     parse_form,
 )
 from bot.engine.vllm_local import LocalVLLMEngine
-from bot.storage.db import create_engine, create_sessionmaker
-from bot.storage.models import Conversation
 from tests.conftest import MakeClient
 from tests.engines import SlowEngine
 from tests.fakes.slack_api import FakeSlackApi
-from tests.helpers import load_turns
+from tests.helpers import conversations_in, load_turns
 from tests.slack.conftest import (
     APP_ID,
     CHANNEL,
+    COMMAND_FIXTURE,
     DM,
-    FIXTURES,
-    SIGNING_SECRET,
+    DM_KEY,
+    FORM,
     TEAM,
     THREAD,
+    command_form,
+    dm_message,
+    ephemeral,
     idle,
+    in_channel,
     load_fixture,
     mention,
+    post_command,
     post_event,
     slack_section,
 )
-
-COMMAND_FIXTURE = FIXTURES / "slash_command_new_in_dm.txt"
-FORM = "application/x-www-form-urlencoded"
-DM_KEY = f"im:{DM}"
-
-
-def command_form(command: str = "/new", **fields: str) -> dict[str, str]:
-    """The fixture's fields (a ``/new`` in the DM) with ``command`` and ``fields`` changed."""
-    form = dict(parse_qsl(COMMAND_FIXTURE.read_text().strip(), keep_blank_values=True))
-    return {**form, "command": command, **fields}
-
-
-def in_channel(command: str) -> dict[str, str]:
-    return command_form(command, channel_id=CHANNEL, channel_name="general")
-
-
-async def post_command(
-    client: TestClient[Any, Any],
-    form: dict[str, str] | str,
-    *,
-    secret: str = SIGNING_SECRET,
-    timestamp: int | None = None,
-    signature: str | None = None,
-    content_type: str = FORM,
-) -> tuple[int, dict[str, Any]]:
-    raw = form if isinstance(form, str) else urlencode(form)
-    ts = str(int(time.time()) if timestamp is None else timestamp)
-    headers = {"Content-Type": content_type, "X-Slack-Request-Timestamp": ts}
-    headers["X-Slack-Signature"] = (
-        signature or SignatureVerifier(secret).generate_signature(timestamp=ts, body=raw) or ""
-    )
-    response = await client.post("/slack/commands", data=raw, headers=headers)
-    document: dict[str, Any] = await response.json()
-    return response.status, document
-
-
-def ephemeral(text: str) -> dict[str, Any]:
-    return {"response_type": "ephemeral", "text": text}
-
-
-def dm_message(event_id: str, ts: str, text: str) -> dict[str, Any]:
-    body = load_fixture("message_im")
-    body["event_id"] = event_id
-    body["event"].update(ts=ts, event_ts=ts, text=text)
-    return body
-
-
-async def conversations_in(db_url: str) -> list[Conversation]:
-    engine = create_engine(db_url)
-    try:
-        async with create_sessionmaker(engine)() as session:
-            query = select(Conversation).order_by(Conversation.created_at)
-            return list((await session.scalars(query)).all())
-    finally:
-        await engine.dispose()
 
 
 async def wait_until(condition: Callable[[], bool], *, what: str, timeout_s: float = 30) -> None:

@@ -1,7 +1,7 @@
 """``/stats`` on Slack: the user's turns and tokens today against their daily limit.
 
 Real app, engine and database; the Slack Web API is the strict fake, and the
-command is the real-shaped, signed form of ``tests/fixtures/slack``.
+command is the real-shaped, signed form of ``tests/slack/fixtures``.
 """
 
 from __future__ import annotations
@@ -14,9 +14,18 @@ from bot.storage.models import Turn
 from tests.conftest import MakeClient
 from tests.fakes.slack_api import FakeSlackApi
 from tests.helpers import load_turns
-from tests.slack.conftest import FIXTURES, TEAM
-from tests.slack.test_commands import dm_message, ephemeral, post_command
-from tests.slack.test_e2e import CHANNEL, idle, mention, post_event, slack_section
+from tests.slack.conftest import (
+    CHANNEL,
+    FIXTURES,
+    TEAM,
+    dm_message,
+    ephemeral,
+    idle,
+    mention,
+    post_command,
+    post_event,
+    slack_section,
+)
 
 STATS_FIXTURE = FIXTURES / "slash_command_stats_in_dm.txt"
 DAILY = 50_000

@@ -18,6 +18,7 @@ from bot.channels.telegram.api import TelegramApi
 from bot.channels.telegram.settings import TelegramBotSettings
 from bot.http.keys import TURNS
 from bot.storage.models import Turn
+from tests.conftest import MakeClient
 from tests.fakes.telegram_api import FakeTelegram
 from tests.helpers import load_turns
 
@@ -123,3 +124,15 @@ def command_update(name: str, chat_id: int = PRIVATE_CHAT) -> dict[str, Any]:
     update = private_update(f"/{name}", chat_id)
     update["message"]["entities"] = [{"offset": 0, "length": len(name) + 1, "type": "bot_command"}]
     return update
+
+
+@pytest.fixture
+async def start_service(
+    fake_telegram: FakeTelegram, sqlite_url: str, make_client: MakeClient
+) -> Any:
+    async def start(bot: dict[str, Any] | None = None, **sections: Any) -> Service:
+        table = bot_table(fake_telegram, **(bot or {}))
+        client = await make_client(sqlite_url, telegram=[table], **sections)
+        return Service(client, fake_telegram, sqlite_url)
+
+    return start

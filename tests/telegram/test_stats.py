@@ -22,9 +22,6 @@ from tests.telegram.conftest import (
     fixture_update,
     private_update,
 )
-from tests.telegram.test_webhook_e2e import start_service
-
-__all__ = ["start_service"]  # the fixture, shared with the webhook tests
 
 OTHER_CHAT = 222222222
 DAILY = 100_000

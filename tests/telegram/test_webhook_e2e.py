@@ -8,7 +8,6 @@ import itertools
 from types import SimpleNamespace
 from typing import Any
 
-import pytest
 from click.testing import CliRunner
 
 from bot.channels.telegram.cli import telegram
@@ -53,18 +52,6 @@ def expected_texts(reply: str, limit: int = 4096) -> list[str]:
         if rendered is not None:
             shown.append(parse_html(rendered.text)[0])
     return shown or ["…"]
-
-
-@pytest.fixture
-async def start_service(
-    fake_telegram: FakeTelegram, sqlite_url: str, make_client: MakeClient
-) -> Any:
-    async def start(bot: dict[str, Any] | None = None, **sections: Any) -> Service:
-        table = bot_table(fake_telegram, **(bot or {}))
-        client = await make_client(sqlite_url, telegram=[table], **sections)
-        return Service(client, fake_telegram, sqlite_url)
-
-    return start
 
 
 async def test_secret_header_is_checked_and_nothing_is_stored_without_it(

@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from aiohttp import web
+from sqlalchemy import select
 
 from bot.channels.api.auth import authenticate_chat
 from bot.channels.registry import API
@@ -72,17 +73,20 @@ async def conversation_turns(request: web.Request) -> web.Response:
         return principal
     key = request.match_info["conversation_id"]
     async with request.app[READ_SESSIONS]() as session:
-        turns = await recent_turns(
-            session,
-            owner=principal.owner,
-            channel=API.name,
-            conversation_key=key,
-            limit=MAX_TURNS,
-        )
+        found = (
+            await session.execute(
+                select(Conversation).where(
+                    Conversation.owner == principal.owner,
+                    Conversation.channel == API.name,
+                    Conversation.external_key == key,
+                    Conversation.closed_at.is_(None),
+                )
+            )
+        ).scalar_one_or_none()
         documents: list[dict[str, Any]] = []
-        conversation = await session.get(Conversation, turns[0].conversation_id) if turns else None
-        if conversation is not None:
-            view = await tree_view(session, conversation, turns)
+        if found is not None:
+            turns = await recent_turns(session, found.id, limit=MAX_TURNS)
+            view = await tree_view(session, found, turns)
             attempts: dict[str, int] = {}
             for turn in turns:
                 root = turn.regenerates_turn_id or turn.id
@@ -95,7 +99,15 @@ async def conversation_turns(request: web.Request) -> web.Response:
                 )
                 document["alternatives"] = view.alternatives.get(turn.id, [])
                 documents.append(document)
-    return web.json_response({"conversation_id": key, "owner": principal.owner, "turns": documents})
+    return web.json_response(
+        {
+            "conversation_id": key,
+            "owner": principal.owner,
+            # null: the default system prompt (or no conversation yet).
+            "persona": found.persona if found is not None else None,
+            "turns": documents,
+        }
+    )
 
 
 def setup(app: web.Application) -> None:

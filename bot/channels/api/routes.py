@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import aiohttp
 from aiohttp import web
+from pydantic import Field
 
 from bot.apikeys import Principal
 from bot.channels.api import branches, history, usage
@@ -16,7 +17,7 @@ from bot.channels.api.auth import authenticate_chat
 from bot.channels.api.history import turn_document
 from bot.channels.api.streaming import reserve_stream, stream_turn, wants_event_stream
 from bot.channels.base import InboundMessage, SilentChannel
-from bot.channels.ingress import IngressClock, PostedMessage, rate_limited, read_posted
+from bot.channels.ingress import ID_MAX, IngressClock, PostedMessage, rate_limited, read_posted
 from bot.channels.registry import API
 from bot.config import Settings
 from bot.http.errors import json_error
@@ -36,6 +37,13 @@ from bot.turns.followers import TurnFollowers
 from bot.turns.service import TurnService, api_event_id
 
 
+class ApiMessage(PostedMessage):
+    """``POST /v1/messages``: a message, and the persona a new conversation starts with."""
+
+    persona: str | None = Field(default=None, max_length=ID_MAX)
+    """Starts a new conversation with this persona (GET /v1/personas lists them)."""
+
+
 async def post_message(request: web.Request) -> web.StreamResponse:
     settings = request.app[SETTINGS]
     clock = IngressClock(request)
@@ -43,15 +51,24 @@ async def post_message(request: web.Request) -> web.StreamResponse:
         principal = await authenticate_chat(request)
     if isinstance(principal, web.Response):
         return principal
-    message = await read_posted(request, PostedMessage, settings.server)
+    message = await read_posted(request, ApiMessage, settings.server)
     if isinstance(message, web.Response):
         return message
+    turns = request.app[TURNS]
+    persona = None
+    if message.persona is not None:
+        preset = turns.personas.get(message.persona) if turns.personas else None
+        if preset is None:
+            # The name is the client's data: said back only as JSON, never rendered anywhere.
+            return json_error(
+                400, "bad_request", "persona: unknown persona (GET /v1/personas lists them)"
+            )
+        persona = preset.name
 
     # A streamed answer needs a stream slot: over the key's cap, nothing is stored.
     slot = reserve_stream(request, principal) if wants_event_stream(request) else None
     if isinstance(slot, web.Response):
         return slot
-    turns = request.app[TURNS]
     try:
         accepted = await turns.accept(
             InboundMessage(
@@ -64,6 +81,7 @@ async def post_message(request: web.Request) -> web.StreamResponse:
                 layer_ms=clock.first_layers(),
                 received_at=clock.received_at,
                 api_key_id=principal.key_id,
+                persona=persona,
             )
         )
     except BaseException:
@@ -74,6 +92,17 @@ async def post_message(request: web.Request) -> web.StreamResponse:
         if slot is not None:
             slot.release()
         return rate_limited(accepted.rate_limited)
+    if accepted.persona_conflict is not None:
+        if slot is not None:
+            slot.release()
+        conflict = accepted.persona_conflict
+        return json_error(
+            409,
+            "conflict",
+            conflict.reason,
+            conversation_persona=conflict.conversation_persona,
+            requested_persona=conflict.requested,
+        )
     if slot is not None:
         return await stream_turn(request, accepted.turn_id, 0, slot)
     return web.json_response(
@@ -84,6 +113,22 @@ async def post_message(request: web.Request) -> web.StreamResponse:
             "duplicate": accepted.duplicate,
         },
         status=202,
+    )
+
+
+async def list_personas(request: web.Request) -> web.Response:
+    """The personas a new conversation can start with; null is the default system prompt."""
+    principal = await authenticate_chat(request)
+    if isinstance(principal, web.Response):
+        return principal
+    personas = request.app[TURNS].personas
+    return web.json_response(
+        {
+            "personas": [
+                {"name": preset.name, "description": preset.description}
+                for preset in (personas.presets if personas else [])
+            ]
+        }
     )
 
 
@@ -151,6 +196,7 @@ def setup(
 
     app.on_cleanup.append(close_streams)
     app.router.add_post("/v1/messages", post_message)
+    app.router.add_get("/v1/personas", list_personas)
     app.router.add_get("/v1/turns/{turn_id}", get_turn)
     app.router.add_get("/v1/turns/{turn_id}/events", turn_events)
     app.router.add_post("/v1/turns/{turn_id}/cancel", cancel_turn)

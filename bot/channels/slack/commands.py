@@ -1,5 +1,6 @@
 """Slash commands: ``/new`` starts a fresh conversation, ``/stop`` stops the reply, ``/retry``
 answers the last message again (``bot.turns.branching``: the earlier reply stays stored),
+``/mode NAME`` starts a fresh one with a persona (``bot.channels.modes``),
 ``/stats`` shows the user's usage today (``/stats all``: every user's, for the app's admins).
 
 Slack POSTs a command as an ``application/x-www-form-urlencoded`` form
@@ -34,6 +35,7 @@ from dataclasses import dataclass
 from typing import Literal
 from urllib.parse import parse_qs
 
+from bot.channels.modes import WHY_FRESH, run_mode
 from bot.channels.slack.payloads import dm_conversation_key
 from bot.channels.stats import NO_ADMINS, AdminCheck, stats_answer
 from bot.turns.branching import ForkRefused
@@ -46,6 +48,7 @@ HELP_TEXT = (
     "`/new` - start a new conversation (I forget the earlier one)\n"
     "`/stop` - stop the reply I am writing\n"
     "`/retry` - answer your last message again\n"
+    "`/mode` - list personas; `/mode NAME` starts a new conversation with one\n"
     "Anywhere:\n"
     "`/stats` - your messages and tokens today, and your daily limit"
 )
@@ -57,20 +60,22 @@ RETRYING_TEXT = "Answering your last message again."
 NOTHING_TO_RETRY_TEXT = "Nothing to retry: send me a message first."
 RETRY_REFUSED_TEXT = "I cannot retry now: {reason}."
 DM_ONLY_TEXT = (
-    "`/new`, `/stop` and `/retry` work in a direct message with me. In a channel, each thread "
-    "is its own conversation: mention me at the top level to start a new one."
+    "`/new`, `/stop`, `/retry` and `/mode` work in a direct message with me. In a channel, "
+    "each thread is its own conversation: mention me at the top level to start a new one."
 )
+MODE_DM_ONLY_TEXT = DM_ONLY_TEXT + "\n\n" + WHY_FRESH
 OTHER_APP_TEXT = "This bot is not set up for this Slack app."
 
 # Slack's channel ids: ``D`` for a DM, ``C``/``G`` for channels and group DMs.
 DM_CHANNEL_PREFIX = "D"
 
-CommandName = Literal["new", "stop", "retry", "stats", "unknown"]
+CommandName = Literal["new", "stop", "retry", "stats", "mode", "unknown"]
 _KNOWN: dict[str, CommandName] = {
     "/new": "new",
     "/stop": "stop",
     "/retry": "retry",
     "/stats": "stats",
+    "/mode": "mode",
 }
 
 
@@ -88,7 +93,7 @@ class SlashCommand:
     channel_id: str
     user_id: str
     text: str = ""
-    """What follows the command (``all`` in ``/stats all``)."""
+    """What follows the command (``all`` in ``/stats all``, ``pirate`` in ``/mode pirate``)."""
 
     @property
     def in_dm(self) -> bool:
@@ -137,7 +142,7 @@ async def run_command(
             is_admin=is_admin,
         )
     if not command.in_dm:
-        return DM_ONLY_TEXT
+        return MODE_DM_ONLY_TEXT if command.name == "mode" else DM_ONLY_TEXT
     # The owner and key the DM's message events are stored under (payloads.py).
     owner = command.team_id
     key = dm_conversation_key(command.channel_id)
@@ -156,5 +161,9 @@ async def run_command(
         if accepted.rate_limited is not None:
             return accepted.rate_limited.user_message
         return RETRYING_TEXT
+    if command.name == "mode":
+        return await run_mode(
+            command.text, turns=turns, channel=channel, owner=owner, conversation_key=key
+        )
     stopping = await turns.cancel_active(channel=channel, owner=owner, conversation_key=key)
     return STOPPING_TEXT if stopping else NOTHING_TO_STOP_TEXT

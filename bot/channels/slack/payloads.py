@@ -15,7 +15,9 @@ What is answered:
 Plain channel messages (``message.channels`` / ``message.groups`` /
 ``message.mpim``) are ignored on purpose: a mention arrives both as a
 ``message`` and as an ``app_mention`` with different event ids, so answering
-both would reply twice.
+both would reply twice. An app configured with ``channels = "all"`` answers
+every channel message instead, and then ignores ``app_mention`` for the same
+reason.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from bot.channels.access import GroupPolicy
 from bot.channels.base import InboundMessage
 
 # Subtypes of ``message`` that are never a new user request.
@@ -114,6 +117,8 @@ class UserMessage:
     is_dm: bool
     conversation_key: str
     event_time: int | None
+    addressed: bool = True
+    """False for a channel message that does not mention the bot (``channels = "all"``)."""
 
 
 Parsed = UrlVerification | Ignored | UserMessage
@@ -152,8 +157,8 @@ def clean_text(text: str, *, bot_user_ids: set[str]) -> str:
     return re.sub(r"[ \t]{2,}", " ", text).strip()
 
 
-def parse_body(body: Any) -> Parsed:
-    """One verified request body -> what to do with it."""
+def parse_body(body: Any, *, channels: GroupPolicy = "mention") -> Parsed:
+    """One verified request body -> what to do with it (``channels``: the app's policy)."""
     if not isinstance(body, dict):
         raise MalformedEvent("body is not a JSON object")
     envelope_type = body.get("type")
@@ -173,11 +178,16 @@ def parse_body(body: Any) -> Parsed:
     team_id = _str(body.get("team_id"))
     if event_id is None or not isinstance(event, dict) or team_id is None:
         raise MalformedEvent("event_callback without event_id, event or team_id")
-    return _parse_event(body, event, event_id=event_id, team_id=team_id)
+    return _parse_event(body, event, event_id=event_id, team_id=team_id, channels=channels)
 
 
 def _parse_event(
-    body: dict[str, Any], event: dict[str, Any], *, event_id: str, team_id: str
+    body: dict[str, Any],
+    event: dict[str, Any],
+    *,
+    event_id: str,
+    team_id: str,
+    channels: GroupPolicy,
 ) -> Parsed:
     event_type = event.get("type")
     subtype = event.get("subtype")
@@ -208,15 +218,22 @@ def _parse_event(
     channel_type = event.get("channel_type")
     is_dm = channel_type == "im"
 
-    if event_type == "message" and not is_dm:
+    every_message = channels == "all"
+    if event_type == "message" and not is_dm and not every_message:
         return Ignored(
             "channel message: mentions arrive as app_mention", f"message:{channel_type}", event_id
+        )
+    if event_type == "app_mention" and not is_dm and every_message:
+        return Ignored(
+            "mention: every channel message arrives as message", "event:app_mention", event_id
         )
     if event_type == "app_mention" and is_dm:
         # Slack does not send these; if it ever does, message.im already covers DMs.
         return Ignored("mention in a DM: message.im covers it", "event:app_mention", event_id)
 
-    text = clean_text(_str(event.get("text")) or "", bot_user_ids=own_ids)
+    raw_text = _str(event.get("text")) or ""
+    mentioned = any(match.group(1) in own_ids for match in _MENTION.finditer(raw_text))
+    text = clean_text(raw_text, bot_user_ids=own_ids)
     if not text:
         return Ignored("no text left once the mention is removed", f"event:{event_type}", event_id)
 
@@ -239,6 +256,7 @@ def _parse_event(
         is_dm=is_dm,
         conversation_key=conversation_key,
         event_time=event_time if isinstance(event_time, int) else None,
+        addressed=is_dm or event_type == "app_mention" or mentioned,
     )
 
 
@@ -254,6 +272,7 @@ def to_inbound(
     user_name: str | None,
     layer_ms: dict[str, float] | None = None,
     received_at: float | None = None,
+    unlimited: bool = False,
 ) -> InboundMessage:
     """The normalised message the turn pipeline stores; ``reply_to`` is what the sink needs."""
     return InboundMessage(
@@ -275,4 +294,5 @@ def to_inbound(
         },
         layer_ms=dict(layer_ms or {}),
         received_at=received_at if received_at is not None else time.time(),
+        unlimited=unlimited,
     )

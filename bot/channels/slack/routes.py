@@ -12,8 +12,12 @@
 
 A 5xx (e.g. the database is down) makes Slack retry later, which is what we want.
 
-``POST /slack/commands``: the ``/new`` and ``/stop`` slash commands
+``POST /slack/commands``: the ``/new``, ``/stop`` and ``/mode`` slash commands
 (``commands.py``), verified the same way and answered in the 200 itself.
+
+Who may talk (``bot.channels.access``): a message or command from someone the
+app's ``allowed_users`` leaves out, or a channel message under ``channels =
+"off"``, is answered with a short notice and nothing is stored.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import aiohttp
 import structlog
 from aiohttp import web
 
+from bot.channels.access import GROUPS_OFF_TEXT, NOT_ALLOWED_TEXT, REFUSAL_CLASS
 from bot.channels.ingress import IngressClock, declined_too_long, too_long
 from bot.channels.registry import SLACK
 from bot.channels.slack.channel import SlackChannel
@@ -38,11 +43,12 @@ from bot.channels.slack.payloads import (
     Ignored,
     MalformedEvent,
     UrlVerification,
+    UserMessage,
     parse_body,
     to_inbound,
 )
+from bot.channels.slack.settings import SlackAppSettings
 from bot.channels.slack.signing import SignedBody, pick_app, read_signed_body
-from bot.channels.stats import NO_ADMINS
 from bot.config import Settings
 from bot.http.body import BodyError, load_json, read_body
 from bot.http.errors import json_error
@@ -76,19 +82,34 @@ class SlackRoutes:
         clock.add("auth", signed.auth_ms)
         try:
             document = load_json(signed.raw)
-            parsed = parse_body(document)
+            app = pick_app(signed.signed_by, _app_id(document))
+            parsed = parse_body(document, channels=app.settings.channels if app else "mention")
         except (BodyError, MalformedEvent) as exc:
             log.warning("slack_event_malformed", error=str(exc))
             return json_error(400, "bad_request", "not an Events API payload")
         if isinstance(parsed, UrlVerification):
             # Carries no api_app_id; a valid signature is all Slack asks us to prove.
             return web.json_response({"challenge": parsed.challenge})
-        channel = pick_app(signed.signed_by, document.get("api_app_id"))
+        channel = app
         if channel is None:
             log.warning("slack_event_for_another_app", api_app_id=document.get("api_app_id"))
             return web.Response(status=200)
         if isinstance(parsed, Ignored):
             _log_ignored(channel, parsed, retry_num, warn=parsed.unknown)
+            return web.Response(status=200)
+        refusal = _refusal(channel.settings, parsed)
+        if refusal is not None:
+            log.info(
+                "slack_event_refused",
+                app=channel.settings.name,
+                event_id=parsed.event_id,
+                reason=refusal,
+                addressed=parsed.addressed,
+            )
+            if parsed.addressed:
+                # Channel chatter not meant for the bot gets no notice: that would be spam.
+                message = to_inbound(parsed, channel=channel.name, user_name=None)
+                self._turns.decline(message, REFUSAL_CLASS, refusal)
             return web.Response(status=200)
         unnamed = to_inbound(parsed, channel=channel.name, user_name=None)
         if declined_too_long(self._turns, unnamed, self._server.max_text_chars):
@@ -108,6 +129,7 @@ class SlackRoutes:
                 user_name=user_name,
                 layer_ms=clock.first_layers(),
                 received_at=clock.received_at,
+                unlimited=channel.settings.is_admin(parsed.user_id),
             )
         )
         log.info(
@@ -150,14 +172,16 @@ class SlackRoutes:
         if channel is None:
             log.warning("slack_command_for_another_app", api_app_id=command.api_app_id)
             return _ephemeral(OTHER_APP_TEXT)
-        answer = await run_command(
-            command,
-            channel=channel.name,
-            turns=self._turns,
-            usage=request.app[USAGE],
-            # Who may use admin commands (``/stats all``): to be read from the app's settings.
-            is_admin=NO_ADMINS,
-        )
+        if channel.settings.may_talk(command.user_id):
+            answer = await run_command(
+                command,
+                channel=channel.name,
+                turns=self._turns,
+                usage=request.app[USAGE],
+                is_admin=channel.settings.is_admin,
+            )
+        else:
+            answer = NOT_ALLOWED_TEXT
         log.info(
             "slack_command",
             app=channel.settings.name,
@@ -182,6 +206,20 @@ def _log_ignored(
         event_id=ignored.event_id,
         retry_num=retry_num,
     )
+
+
+def _app_id(document: object) -> str | None:
+    value = document.get("api_app_id") if isinstance(document, dict) else None
+    return value if isinstance(value, str) else None
+
+
+def _refusal(settings: SlackAppSettings, message: UserMessage) -> str | None:
+    """Why this app does not answer this message, if it does not."""
+    if not message.is_dm and settings.channels == "off":
+        return GROUPS_OFF_TEXT
+    if not settings.may_talk(message.user_id):
+        return NOT_ALLOWED_TEXT
+    return None
 
 
 async def _is_ssl_check(request: web.Request, max_body: int) -> bool:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+
+from bot.channels.access import GroupPolicy, listed, may_talk
 
 SLACK_API_BASE_URL = "https://slack.com/api/"
 
@@ -31,6 +34,7 @@ DEFAULT_USER_CACHE_SIZE = 5000
 DEFAULT_USER_LOOKUP_TIMEOUT_S = 1.0
 
 StreamingMode = Literal["auto", "stream", "update"]
+_USER_ID = re.compile(r"^[UW][A-Z0-9]{2,}$")
 
 
 class SlackAppSettings(BaseModel):
@@ -57,3 +61,30 @@ class SlackAppSettings(BaseModel):
     api_timeout_s: int = Field(DEFAULT_API_TIMEOUT_S, gt=0)
     user_cache_ttl_s: float = Field(DEFAULT_USER_CACHE_TTL_S, ge=0)
     user_lookup_timeout_s: float = Field(DEFAULT_USER_LOOKUP_TIMEOUT_S, gt=0)
+
+    allowed_users: list[str] = Field(default_factory=list)
+    """Slack user ids (``U0123ABCD``) who may talk to the app; empty: everyone."""
+    admins: list[str] = Field(default_factory=list)
+    """Always allowed, never held to fair-use limits, may use admin commands in chat."""
+    channels: GroupPolicy = "mention"
+    """``off``: a notice, no answers in channels; ``mention``: ``app_mention`` only; ``all``:
+    every channel message (subscribe to ``message.channels`` / ``message.groups``)."""
+
+    @field_validator("allowed_users", "admins")
+    @classmethod
+    def _user_ids(cls, entries: list[str]) -> list[str]:
+        for entry in entries:
+            if not _USER_ID.match(entry):
+                raise ValueError(
+                    f"{entry!r} is not a Slack user id (U or W and capitals or digits, "
+                    "as in the member's profile: ⋮ → Copy member ID)"
+                )
+        return entries
+
+    def is_admin(self, user_id: str | None) -> bool:
+        """An admin of this app: no fair-use limits, admin commands in chat."""
+        return listed(self.admins, user_id)
+
+    def may_talk(self, user_id: str | None) -> bool:
+        """Whether this user may talk to the app (the allow-list, or an admin)."""
+        return may_talk(self.allowed_users, self.admins, user_id)

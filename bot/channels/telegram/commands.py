@@ -1,5 +1,6 @@
 """The bot's commands: ``/start`` and ``/help`` explain, ``/new`` starts over, ``/stop`` stops,
 ``/retry`` answers the last message again (``bot.turns.branching``: the earlier reply is kept),
+``/mode NAME`` starts over with a persona (``bot.channels.modes``),
 ``/stats`` shows the sender's usage today (``/stats all``: everyone's, for admins).
 
 ``/new`` and ``/stop`` act before the webhook answers, so they take effect in
@@ -9,6 +10,7 @@ this one is answered); the short notice that confirms them goes out after.
 
 from __future__ import annotations
 
+from bot.channels.modes import run_mode
 from bot.channels.stats import NO_ADMINS, AdminCheck, stats_answer
 from bot.channels.telegram.payloads import Command
 from bot.turns.branching import ForkRefused
@@ -23,6 +25,8 @@ HELP_TEXT = (
     "/retry - answer your last message again\n"
     "Edit your last message and I answer the new text instead.\n"
     "/stats - your messages and tokens today, and your daily limit\n"
+    "/mode - list personas; /mode NAME starts a new conversation with one (a persona "
+    "cannot change mid-conversation: it opens the history everything after is built on)\n"
     "/help - this help"
 )
 NEW_TEXT = "Started a new conversation."
@@ -78,6 +82,14 @@ async def run_command(
         if accepted.rate_limited is not None:
             return accepted.rate_limited.user_message
         return None  # the new reply says it all
+    if command.name == "mode":
+        return await run_mode(
+            command.args,
+            turns=turns,
+            channel=channel,
+            owner=channel,
+            conversation_key=command.conversation_key,
+        )
     if command.name == "unknown":
         return UNKNOWN_TEXT
     return HELP_TEXT

@@ -10,11 +10,14 @@ Conversations: one per private chat, one per group, one per forum topic
 supergroup a reply thread also carries a ``message_thread_id``, and stays in
 the group's one conversation).
 
-Groups: the bot answers only when addressed, as Telegram bots do: an
-``@username`` mention (or a ``text_mention`` of the bot), a reply to one of
-its messages, or one of its commands (``/new`` or ``/new@username``; a
-command for another bot is ignored). The mention is cut from the text, and
-the turn carries the sender's name so the model knows who speaks.
+Groups: by default (``groups = "mention"``) the bot answers only when
+addressed, as Telegram bots do: an ``@username`` mention (or a
+``text_mention`` of the bot), a reply to one of its messages, or one of its
+commands (``/new`` or ``/new@username``; a command for another bot is
+ignored). The mention is cut from the text, and the turn carries the sender's
+name so the model knows who speaks. With ``groups = "all"`` a message not
+addressed to the bot is ``Overheard``: answered too, but never refused with a
+notice (the access check in ``routes`` ignores it quietly instead).
 
 Edited messages: an edit of the message the latest turn answered is an edit
 in the history tree (``bot.turns.branching``): the corrected text is answered
@@ -30,6 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
+from bot.channels.access import GroupPolicy
 from bot.channels.base import InboundMessage
 
 HANDLED_UPDATE_TYPES = ("message", "edited_message")
@@ -61,8 +65,8 @@ IGNORED_UPDATE_TYPES = frozenset(
     }
 )
 
-CommandName = Literal["start", "help", "new", "stop", "retry", "stats", "unknown"]
-COMMANDS: frozenset[str] = frozenset({"start", "help", "new", "stop", "retry", "stats"})
+CommandName = Literal["start", "help", "new", "stop", "retry", "stats", "mode", "unknown"]
+COMMANDS: frozenset[str] = frozenset({"start", "help", "new", "stop", "retry", "stats", "mode"})
 
 
 @dataclass(frozen=True)
@@ -99,7 +103,21 @@ class EditedMessage:
     """The address the turn of the original message stores in ``reply_to``."""
 
 
-Parsed = InboundMessage | Command | Ignored | EditedMessage
+@dataclass(frozen=True)
+class Overheard:
+    """A group message not addressed to the bot, taken because the bot answers every one."""
+
+    message: InboundMessage
+
+
+@dataclass(frozen=True)
+class Sender:
+    user_id: str | None
+    username: str | None
+    """Without the ``@``, as Telegram sends it."""
+
+
+Parsed = InboundMessage | Command | Overheard | Ignored | EditedMessage
 
 
 def _utf16_slice(text: str, offset: int, length: int) -> tuple[int, int]:
@@ -129,7 +147,25 @@ def _conversation_key(chat_id: int, thread_id: int | None) -> str:
     return f"chat:{chat_id}" if thread_id is None else f"chat:{chat_id}:topic:{thread_id}"
 
 
-def parse_update(update: dict[str, Any], *, bot: BotIdentity, channel: str) -> Parsed:
+def sender_of(update: dict[str, Any]) -> Sender:
+    """Who sent a ``message`` / ``edited_message`` update (for the allow-list)."""
+    for key in HANDLED_UPDATE_TYPES:
+        message = update.get(key)
+        if isinstance(message, dict):
+            sender = message.get("from")
+            if isinstance(sender, dict):
+                user_id = sender.get("id")
+                username = sender.get("username")
+                return Sender(
+                    str(user_id) if isinstance(user_id, int) else None,
+                    username if isinstance(username, str) and username else None,
+                )
+    return Sender(None, None)
+
+
+def parse_update(
+    update: dict[str, Any], *, bot: BotIdentity, channel: str, groups: GroupPolicy = "mention"
+) -> Parsed:
     """Classify one update of the bot ``channel`` (``telegram:{name}``)."""
     update_type = next((key for key in update if key != "update_id"), "(empty)")
     if update_type in IGNORED_UPDATE_TYPES:
@@ -178,10 +214,13 @@ def parse_update(update: dict[str, Any], *, bot: BotIdentity, channel: str) -> P
             cast(CommandName, name), args, str(update["update_id"]), key, reply_to, user_id
         )
 
+    overheard = False
     if group:
         mention = _mention_of(text, entities, bot)
         if mention is None and not _replies_to_bot(message, bot):
-            return Ignored(update_type, "group message not addressed to the bot")
+            if groups != "all":
+                return Ignored(update_type, "group message not addressed to the bot")
+            overheard = True
         if mention is not None:
             start, end = mention
             trimmed = (text[:start] + text[end:]).strip()
@@ -198,7 +237,7 @@ def parse_update(update: dict[str, Any], *, bot: BotIdentity, channel: str) -> P
     )
     if edited:
         return EditedMessage(inbound, {"chat_id": chat_id, "message_id": reply_to["message_id"]})
-    return inbound
+    return Overheard(inbound) if overheard else inbound
 
 
 def _command(

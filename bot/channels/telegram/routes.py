@@ -22,9 +22,10 @@ import aiohttp
 import structlog
 from aiohttp import web
 
+from bot.channels.access import GROUPS_OFF_TEXT, NOT_ALLOWED_TEXT, REFUSAL_CLASS
+from bot.channels.base import InboundMessage
 from bot.channels.ingress import IngressClock, declined_too_long
 from bot.channels.registry import TELEGRAM
-from bot.channels.stats import NO_ADMINS, AdminCheck
 from bot.channels.telegram.api import TelegramApi, TelegramApiError
 from bot.channels.telegram.channel import TelegramChannel
 from bot.channels.telegram.commands import EDIT_REFUSED_TEXT, run_command
@@ -33,7 +34,10 @@ from bot.channels.telegram.payloads import (
     Command,
     EditedMessage,
     Ignored,
+    Overheard,
+    Sender,
     parse_update,
+    sender_of,
 )
 from bot.channels.telegram.settings import TelegramBotSettings
 from bot.config import Settings
@@ -60,8 +64,6 @@ class TelegramBot:
     api: TelegramApi
     identity: BotIdentity | None = None
     recent_commands: OrderedDict[int, None] = field(default_factory=OrderedDict)
-    is_admin: AdminCheck = NO_ADMINS
-    """Who may use admin commands (``/stats all``): to be read from the bot's settings."""
     notices: set[asyncio.Task[None]] = field(default_factory=set)
     _identity_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
@@ -125,6 +127,17 @@ def _secret_ok(request: web.Request, bot: TelegramBot) -> bool:
     return hmac.compare_digest(given.encode(), expected.get_secret_value().encode())
 
 
+def _refusal(
+    settings: TelegramBotSettings, parsed: Command | InboundMessage, sender: Sender
+) -> str | None:
+    """Why this bot does not answer this message or command, if it does not."""
+    if parsed.reply_to.get("chat_type") != "private" and settings.groups == "off":
+        return GROUPS_OFF_TEXT
+    if not settings.may_talk(sender.user_id, sender.username):
+        return NOT_ALLOWED_TEXT
+    return None
+
+
 def _peek_chat_type(update: dict[str, Any]) -> str | None:
     for key in ("message", "edited_message"):
         message = update.get(key)
@@ -165,7 +178,9 @@ async def post_update(request: web.Request) -> web.Response:
             log.warning("telegram_identity_unavailable", bot=bot.settings.name, error=str(exc))
             return json_error(503, "unavailable", "cannot look up the bot's username")
 
-    parsed = parse_update(update, bot=identity, channel=bot.settings.channel)
+    parsed = parse_update(
+        update, bot=identity, channel=bot.settings.channel, groups=bot.settings.groups
+    )
     log_fields = {"bot": bot.settings.name, "update_id": update_id}
     if isinstance(parsed, Ignored):
         if parsed.known:
@@ -178,6 +193,27 @@ async def post_update(request: web.Request) -> web.Response:
         else:
             log.warning("telegram_unknown_update", update_type=parsed.update_type, **log_fields)
         return web.Response(status=200)
+    sender = sender_of(update)
+    if isinstance(parsed, Overheard):
+        if not bot.settings.may_talk(sender.user_id, sender.username):
+            # Group chatter not meant for the bot: a notice to each line would be spam.
+            log.info("telegram_ignored", update_type="message", reason="not allowed", **log_fields)
+            return web.Response(status=200)
+        parsed = parsed.message
+    edited: dict[str, Any] | None = None
+    if isinstance(parsed, EditedMessage):
+        edited = parsed.edited
+        parsed = parsed.message
+    refusal = _refusal(bot.settings, parsed, sender)
+    if refusal is not None:
+        log.info("telegram_refused", reason=refusal, **log_fields)
+        if isinstance(parsed, Command):
+            if update_id not in bot.recent_commands:
+                bot.remember_command(update_id)
+                bot.send_notice(parsed, refusal)
+        else:
+            request.app[TURNS].decline(parsed, REFUSAL_CLASS, refusal)
+        return web.Response(status=200)
     if isinstance(parsed, Command):
         if update_id not in bot.recent_commands:
             turns = request.app[TURNS]
@@ -186,7 +222,8 @@ async def post_update(request: web.Request) -> web.Response:
                 channel=bot.settings.channel,
                 turns=turns,
                 usage=request.app[USAGE],
-                is_admin=bot.is_admin,
+                # Admins are listed by id or @username (``TelegramBotSettings.admins``).
+                is_admin=lambda user_id: bot.settings.is_admin(user_id, sender.username),
             )
             bot.remember_command(update_id)
             log.info("telegram_command", command=parsed.name, **log_fields)
@@ -194,15 +231,14 @@ async def post_update(request: web.Request) -> web.Response:
                 bot.send_notice(parsed, notice)
         return web.Response(status=200)
 
-    edited: dict[str, Any] | None = None
-    if isinstance(parsed, EditedMessage):
-        edited = parsed.edited
-        parsed = parsed.message
     if declined_too_long(request.app[TURNS], parsed, settings.server.max_text_chars):
         log.info("telegram_declined", reason="text too long", **log_fields)
         return web.Response(status=200)
     message = dataclasses.replace(
-        parsed, layer_ms=clock.first_layers(), received_at=clock.received_at
+        parsed,
+        layer_ms=clock.first_layers(),
+        received_at=clock.received_at,
+        unlimited=bot.settings.is_admin(sender.user_id, sender.username),
     )
     turns = request.app[TURNS]
     if edited is None:

@@ -8,8 +8,11 @@ drafts are paced as messages: Telegram answers a flood of them with 429 too.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+import re
 
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+
+from bot.channels.access import GroupPolicy, listed, may_talk
 from bot.channels.telegram.splitting import MAX_MESSAGE_CHARS
 
 TELEGRAM_API_BASE_URL = "https://api.telegram.org"
@@ -25,6 +28,8 @@ MAX_FLOOD_WAIT_S = 60.0
 TYPING_REFRESH_S = 4.5
 """``sendChatAction`` shows for five seconds at most; refresh a little before it fades."""
 REQUEST_TIMEOUT_S = 30.0
+_USER_ID = re.compile(r"^[0-9]{1,20}$")
+_USERNAME = re.compile(r"^@?[A-Za-z][A-Za-z0-9_]{3,31}$")
 
 
 class TelegramBotSettings(BaseModel):
@@ -51,6 +56,42 @@ class TelegramBotSettings(BaseModel):
     request_timeout_s: float = Field(REQUEST_TIMEOUT_S, gt=0)
     max_message_chars: int = Field(MAX_MESSAGE_CHARS, ge=64, le=MAX_MESSAGE_CHARS)
     """Replies longer than this continue in a new message (lower it only to test splitting)."""
+
+    allowed_users: list[str] = Field(default_factory=list)
+    """Who may talk to the bot: user ids (``123456789``) or ``@usernames``; empty: everyone.
+    Ids are safer: a username can be changed and then taken by someone else."""
+    admins: list[str] = Field(default_factory=list)
+    """Always allowed, never held to fair-use limits, may use admin commands in chat."""
+    groups: GroupPolicy = "mention"
+    """``off``: a notice, no answers in groups; ``mention``: only messages addressed to the
+    bot; ``all``: every message (needs the bot's privacy mode off in @BotFather)."""
+
+    @field_validator("allowed_users", "admins")
+    @classmethod
+    def _ids_or_usernames(cls, entries: list[str]) -> list[str]:
+        normalised = []
+        for entry in entries:
+            entry = str(entry).strip()
+            if _USER_ID.match(entry):
+                normalised.append(entry)
+            elif _USERNAME.match(entry):
+                # Telegram compares usernames case-insensitively.
+                normalised.append(entry.removeprefix("@").lower())
+            else:
+                raise ValueError(
+                    f"{entry!r} is neither a Telegram user id (digits) nor a @username"
+                )
+        return normalised
+
+    def is_admin(self, user_id: str | None, username: str | None = None) -> bool:
+        """An admin of this bot: no fair-use limits, admin commands in chat."""
+        return listed(self.admins, user_id, username.lower() if username else None)
+
+    def may_talk(self, user_id: str | None, username: str | None = None) -> bool:
+        """Whether this user may talk to the bot (the allow-list, or an admin)."""
+        return may_talk(
+            self.allowed_users, self.admins, user_id, username.lower() if username else None
+        )
 
     @property
     def bot_id(self) -> int | None:

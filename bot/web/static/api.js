@@ -83,12 +83,15 @@ export class Api {
     return this.json("GET", "/v1/usage?days=1");
   }
 
-  send(conversationId, messageId, text) {
-    return this.json("POST", "/v1/messages", {
-      conversation_id: conversationId,
-      message_id: messageId,
-      text,
-    });
+  // `persona` only on a conversation's first message: it is chosen when one starts.
+  send(conversationId, messageId, text, persona = null) {
+    const body = { conversation_id: conversationId, message_id: messageId, text };
+    if (persona) body.persona = persona;
+    return this.json("POST", "/v1/messages", body);
+  }
+
+  personas() {
+    return this.json("GET", "/v1/personas");
   }
 
   regenerate(turnId) {

@@ -5,6 +5,7 @@
 import { Api, ApiError } from "./api.js";
 import { renderError } from "./errors.js";
 import { renderMarkdown } from "./markdown.js";
+import { chosenPersona, loadPersonas, personaOpen, showPersona } from "./personas.js";
 import { renderTiming } from "./timing.js";
 import { showUsage } from "./usage.js";
 
@@ -50,6 +51,7 @@ function showSignIn() {
   $("chat").hidden = true;
   $("new-conversation").hidden = true;
   $("sign-out").hidden = true;
+  $("persona-picker").hidden = true;
   $("api-key").focus();
 }
 
@@ -222,7 +224,17 @@ async function answer(text, start) {
 }
 
 function send(text) {
-  return answer(text, () => api.send(conversationId, randomId("msg-"), text));
+  const starts = personaOpen();
+  const persona = chosenPersona();
+  return answer(text, async () => {
+    showPersona(true, persona);
+    try {
+      return await api.send(conversationId, randomId("msg-"), text, persona);
+    } catch (error) {
+      if (starts) showPersona(false); // nothing was stored: the conversation has not begun
+      throw error;
+    }
+  });
 }
 
 // The new attempt takes the last turn's place on screen; the old one stays a version.
@@ -322,6 +334,8 @@ async function signIn(key) {
   }
   localStorage.setItem(KEY_STORAGE, key);
   owner = conversation.owner;
+  await loadPersonas(api);
+  showPersona(conversation.turns.length > 0, conversation.persona);
   showChat();
   refreshUsage();
   await restore(conversation.turns);
@@ -333,6 +347,7 @@ function newConversation() {
   $("messages").replaceChildren();
   views = [];
   clearError();
+  showPersona(false);
   if (api) showChat();
 }
 
