@@ -14,9 +14,16 @@ never share KV blocks. Per policy it prints
   * prompt tokens recomputed (prompt - cached) per turn, by turn index;
   * TTFT by turn index: the engine's queue + prefill of the turn's request, and for
     compaction also the time the service spent compacting (summary + rebuild);
-  * turns that failed (context overflow) and compactions.
+  * turns that failed (context overflow) and compactions;
+  * for compaction, the critical path: cacheable tokens and tokens from cache over the
+    turns' requests and the summary requests made inside turns, TTFT p50 of ordinary
+    and compaction turns (engine queue + prefill + compact layer, and as the service
+    measured it), and the requests made off the turns (prepared bases, prefills).
+    ``--no-prepare`` gives the behaviour before the next base was prepared ahead.
 
 Run:  .venv/bin/python bench/long_chats.py --conversations 4 --turns 60
+      .venv/bin/python bench/long_chats.py --conversations 2 --turns 120 --max-tokens 48 \
+          --compaction-only [--no-prepare]
       .venv/bin/python bench/long_chats.py --hidden 512 --layers 8   # prefill shows in TTFT
 """
 
@@ -68,6 +75,14 @@ class TurnRecord:
     ttft_ms: float
     failed: bool = False
     compact_ms: float = 0.0
+    service_ttft_ms: float = float("nan")
+    """First token - message received, as the service measured it (``turns.layer_ms``)."""
+    summary_prompt: int = 0
+    """Prompt of a summary request made inside the turn (on its critical path)."""
+    summary_cached: int = 0
+    queue_ms: float = 0.0
+    prefill_ms: float = 0.0
+    layers: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -75,6 +90,8 @@ class PolicyResult:
     name: str
     chats: list[list[TurnRecord]] = field(default_factory=list)
     compactions: int = 0
+    background: list[tuple[int, int]] = field(default_factory=list)
+    """(prompt, cached) of requests made off the turns (base preparation and its prefills)."""
 
 
 class Recorder:
@@ -228,6 +245,7 @@ async def run_compaction(
                     records.append(TurnRecord(row.prompt_tokens or 0, 0, 0, float("nan"), True))
                     continue
                 prompt, chunk = final
+                summary = recorder.finals.get(f"{row.id}:summary")
                 records.append(
                     TurnRecord(
                         prompt,
@@ -235,10 +253,25 @@ async def run_compaction(
                         row.completion_tokens or 0,
                         ttft_ms(chunk),
                         compact_ms=float((row.layer_ms or {}).get("compact", 0.0)),
+                        service_ttft_ms=float((row.layer_ms or {}).get("ttft") or "nan"),
+                        summary_prompt=summary[0] if summary else 0,
+                        summary_cached=(summary[1].cached_tokens or 0) if summary else 0,
+                        queue_ms=chunk.timings.queue_ms if chunk.timings else 0.0,
+                        prefill_ms=chunk.timings.prefill_ms if chunk.timings else 0.0,
+                        layers={
+                            k: float(v)
+                            for k, v in (row.layer_ms or {}).items()
+                            if isinstance(v, int | float)
+                        },
                     )
                 )
                 result.compactions += 1 if row.compaction_id else 0
             result.chats.append(records)
+        result.background = [
+            (prompt, chunk.cached_tokens or 0)
+            for request_id, (prompt, chunk) in recorder.finals.items()
+            if request_id.startswith("prepare-")
+        ]
     finally:
         await client.close()
         await db.dispose()
@@ -248,6 +281,81 @@ async def run_compaction(
 def cacheable(previous: TurnRecord, current: TurnRecord, block: int) -> int:
     before = (previous.prompt + previous.generated - 1) // block * block
     return min(before, (current.prompt - 1) // block * block)
+
+
+def critical_path(result: PolicyResult, block: int) -> list[str]:
+    """Cache share of the requests the user waits for: turns, and summaries made inside them.
+
+    A summary request inside a turn counts with all of its whole blocks as cacheable (nothing
+    before it shares its prefix, which is the point: that work belongs off the turn).
+    """
+    cached = possible = 0
+    ordinary: list[float] = []
+    switch: list[float] = []
+    ordinary_service: list[float] = []
+    switch_service: list[float] = []
+    for records in result.chats:
+        for index, record in enumerate(records):
+            if record.failed or index == 0 or records[index - 1].failed:
+                continue
+            can = cacheable(records[index - 1], record, block)
+            cached += min(record.cached, can)
+            possible += can
+            if record.summary_prompt:
+                possible += (record.summary_prompt - 1) // block * block
+                cached += record.summary_cached
+            if record.compact_ms:
+                switch.append(record.compact_ms + record.ttft_ms)
+                switch_service.append(record.service_ttft_ms)
+            else:
+                ordinary.append(record.ttft_ms)
+                ordinary_service.append(record.service_ttft_ms)
+    share = 100 * cached / possible if possible else float("nan")
+    in_turn = sum(1 for records in result.chats for r in records if r.summary_prompt)
+    lines = [
+        f"{'':<11} critical path: cacheable {possible} tokens, from cache {cached} "
+        f"({share:.1f} %); compaction turns that waited for their summary: {in_turn}"
+    ]
+    if ordinary and switch:
+        o, c = statistics.median(ordinary), statistics.median(switch)
+        os_, cs = statistics.median(ordinary_service), statistics.median(switch_service)
+        lines.append(
+            f"{'':<11} TTFT p50, engine queue+prefill (+compact): ordinary turns {o:.1f} ms, "
+            f"compaction turns {c:.1f} ms ({c / o:.2f}x)"
+        )
+        lines.append(
+            f"{'':<11} TTFT p50, service (received -> first token): ordinary turns "
+            f"{os_:.1f} ms, compaction turns {cs:.1f} ms ({cs / os_:.2f}x)"
+        )
+    for label, chosen in (
+        ("ordinary", lambda r: not r.compact_ms),
+        ("compaction", lambda r: bool(r.compact_ms)),
+    ):
+        picked = [r for records in result.chats for r in records[1:] if chosen(r) and not r.failed]
+        if picked:
+            queue = statistics.median(r.queue_ms for r in picked)
+            prefill = statistics.median(r.prefill_ms for r in picked)
+            compact = statistics.median(r.compact_ms for r in picked)
+            uncached = statistics.median(r.prompt - r.cached for r in picked)
+            lines.append(
+                f"{'':<11} {label} turns: p50 queue {queue:.1f} ms, prefill {prefill:.1f} ms, "
+                f"compact {compact:.1f} ms, uncached {uncached:.0f} tokens"
+            )
+            names = ("wait", "deliver", "history", "tokenize", "compact", "ttft")
+            layers = {
+                name: statistics.median(r.layers.get(name, 0.0) for r in picked) for name in names
+            }
+            lines.append(
+                f"{'':<11} {label} turns, service layers p50 ms: "
+                + ", ".join(f"{name} {value:.1f}" for name, value in layers.items())
+            )
+    if result.background:
+        lines.append(
+            f"{'':<11} off the turns: {len(result.background)} requests (base summaries and "
+            f"prefills), {sum(p for p, _ in result.background)} prompt tokens, "
+            f"{sum(c for _, c in result.background)} from cache"
+        )
+    return lines
 
 
 def summarise(result: PolicyResult, block: int, marks: Sequence[int]) -> list[str]:
@@ -286,6 +394,7 @@ def summarise(result: PolicyResult, block: int, marks: Sequence[int]) -> list[st
     lines.append(f"{'':<11} recomputed/turn at turn  " + " ".join(cells_recomputed))
     lines.append(f"{'':<11} TTFT p50 ms at turn      " + " ".join(cells_ttft))
     if result.name == "compaction":
+        lines.extend(critical_path(result, block))
         compact = [r.compact_ms for records in result.chats for r in records if r.compact_ms]
         at_compaction = [
             r.compact_ms + r.ttft_ms for records in result.chats for r in records if r.compact_ms
@@ -333,6 +442,8 @@ async def main_async(args: argparse.Namespace) -> None:
             "low_watermark": args.low,
             "summary": not args.no_summary,
             "summary_max_tokens": args.summary_max_tokens,
+            "prepare_ahead": not args.no_prepare,
+            **({"prepare_watermark": args.prepare} if args.prepare else {}),
         },
         "limits": {"messages_per_minute": 0, "tokens_per_day": 0},
         "tenancy": {"cache_salt_secret": "bench"},
@@ -344,15 +455,18 @@ async def main_async(args: argparse.Namespace) -> None:
             results = [
                 await run_compaction(
                     engine, fmt, overrides, args.conversations, args.turns, Path(workdir)
-                ),
-                *[
-                    await run_rolling(
-                        engine, fmt, args.conversations, args.turns, args.max_tokens, window
-                    )
-                    for window in windows
-                ],
-                await run_no_limit(engine, fmt, args.conversations, args.turns, args.max_tokens),
+                )
             ]
+            if not args.compaction_only:
+                for window in windows:
+                    results.append(
+                        await run_rolling(
+                            engine, fmt, args.conversations, args.turns, args.max_tokens, window
+                        )
+                    )
+                results.append(
+                    await run_no_limit(engine, fmt, args.conversations, args.turns, args.max_tokens)
+                )
     finally:
         await engine.shutdown()
 
@@ -361,7 +475,8 @@ async def main_async(args: argparse.Namespace) -> None:
     print(
         f"{args.conversations} chats x {args.turns} turns, max_model_len {args.max_model_len}, "
         f"block {args.block_size}, max_tokens {args.max_tokens}, watermarks "
-        f"{args.high}/{args.low}, summary {'off' if args.no_summary else 'on'}, "
+        f"{args.high}/{args.low}, summary {'off' if args.no_summary else 'on'}, next base "
+        f"{'prepared in the background' if not args.no_prepare else 'made in the turn'}, "
         f"rolling windows {windows} messages"
     )
     print(f"{'':<11} turn index               " + " ".join(f"{m:>7d}" for m in marks))
@@ -381,6 +496,17 @@ def main() -> None:
     parser.add_argument("--low", type=float, default=0.5)
     parser.add_argument("--summary-max-tokens", type=int, default=64)
     parser.add_argument("--no-summary", action="store_true")
+    parser.add_argument(
+        "--no-prepare",
+        action="store_true",
+        help="the old behaviour: the next base is made (summary, prefill) inside the turn",
+    )
+    parser.add_argument(
+        "--prepare", type=float, default=0.0, help="compaction.prepare_watermark (default: halfway)"
+    )
+    parser.add_argument(
+        "--compaction-only", action="store_true", help="skip the rolling and no-limit policies"
+    )
     parser.add_argument(
         "--window", type=int, action="append", help="rolling window in messages (repeatable; 6)"
     )

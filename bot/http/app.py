@@ -165,6 +165,20 @@ async def create_app(
         if owns_engine:
             await inference.start()
         fmt = formats.get()
+        policy = build_policy(
+            compaction=settings.compaction,
+            generation=settings.generation,
+            tenancy=settings.tenancy,
+            pending_messages=settings.chat.pending_messages,
+            chat_format=fmt,
+            engine=inference,
+            sessions=sessions,
+            read_sessions=read_sessions,
+            fair_use=turns.fair_use,
+            partials=(
+                None if turns.claims.exclusive else PartialReplies(sessions, turns.claims.worker_id)
+            ),
+        )
         turns.set_runner(
             TurnRunner(
                 sessions=sessions,
@@ -174,21 +188,7 @@ async def create_app(
                 streams=turns.streams,
                 generation=settings.generation,
                 open_reply=turns.open_reply,
-                policy=build_policy(
-                    compaction=settings.compaction,
-                    generation=settings.generation,
-                    tenancy=settings.tenancy,
-                    pending_messages=settings.chat.pending_messages,
-                    chat_format=fmt,
-                    engine=inference,
-                    sessions=sessions,
-                    fair_use=turns.fair_use,
-                    partials=(
-                        None
-                        if turns.claims.exclusive
-                        else PartialReplies(sessions, turns.claims.worker_id)
-                    ),
-                ),
+                policy=policy,
                 endings=turns.endings,
                 cancellations=turns.cancellations,
                 personas=turns.personas,
@@ -199,6 +199,8 @@ async def create_app(
         yield
         # ops.drain (on_shutdown) has drained the turns already; this is a no-op then.
         await turns.shutdown(settings.server.shutdown_grace_s)
+        if policy.compactor is not None:
+            await policy.compactor.close()  # background preparations, before the engine goes
         log.info("service_stopping")
         await http.close()
         if owns_engine:

@@ -253,6 +253,40 @@ class Compaction(Base):
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
 
 
+class PreparedBase(Base):
+    """A conversation's next base, prepared ahead of its compaction (``bot.turns.preparation``).
+
+    One row per conversation. ``claim`` names one preparation: a row that is not
+    ``ready`` is a preparation in progress (or one that died half-way: ignored, and
+    taken over once ``lease_until`` has passed). A ready row covers the path of the
+    history tree from the base at ``after_base_seq`` (-1: no base yet) down to the
+    entry ``head_seq`` (None: an empty history): its ``covered_tokens`` first prompt
+    ids, whose SHA-256 is ``covered_digest``. A path that no longer passes through
+    ``head_seq`` (an edit, a regeneration, another branch) or no longer starts with
+    those ids has changed since: the row is stale.
+    """
+
+    __tablename__ = "prepared_bases"
+
+    conversation_id: Mapped[str] = mapped_column(
+        ForeignKey("conversations.id", ondelete="CASCADE"), primary_key=True
+    )
+    claim: Mapped[str] = mapped_column(String(32))
+    ready: Mapped[bool] = mapped_column(default=False)
+    lease_until: Mapped[dt.datetime]
+    after_base_seq: Mapped[int] = mapped_column(Integer)
+    head_seq: Mapped[int | None] = mapped_column(Integer)
+    covered_tokens: Mapped[int] = mapped_column(Integer)
+    covered_digest: Mapped[str] = mapped_column(String(64))
+    token_ids: Mapped[bytes | None] = mapped_column(LargeBinary)
+    kept_from_seq: Mapped[int | None] = mapped_column(Integer)
+    summary: Mapped[str | None] = mapped_column(Text)
+    dropped_exchanges: Mapped[int] = mapped_column(Integer, default=0)
+    kept_exchanges: Mapped[int] = mapped_column(Integer, default=0)
+    reasoning_dropped: Mapped[bool] = mapped_column(default=False)
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+
+
 class LimitOverride(Base):
     """Per-subject fair-use limits set by ``botctl limits set``; NULL = the configured default."""
 

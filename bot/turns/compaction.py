@@ -33,19 +33,28 @@ detokenization drops from the reply text; otherwise it is made in the text.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import structlog
-from sqlalchemy import select, update
+from sqlalchemy import delete, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from bot.engine.base import GenerationRequest, InferenceEngine
-from bot.storage.models import Compaction, Conversation, Message, Turn, TurnStatus
+from bot.storage.models import (
+    Compaction,
+    Conversation,
+    Message,
+    PreparedBase,
+    Turn,
+    TurnStatus,
+    new_id,
+)
 from bot.storage.queries import BASE_ROLE, History, path_entries
 from bot.storage.tokens import pack_token_ids, unpack_token_ids
 from bot.turns.chat_format import ChatFormat, Tokenizer
+from bot.turns.preparation import Plan, Preparation
 from bot.turns.settings import CompactionSettings, GenerationSettings
 
 log = structlog.get_logger("bot.compaction")
@@ -69,11 +78,18 @@ class Exchange:
     assistant: str
 
 
+WriteInTurnEnd = Callable[[AsyncSession, Turn], Awaitable[None]]
+
+
 @dataclass(frozen=True)
 class Compacted:
     history: History
     compaction_id: str
     summary_tokens: int
+    entries: Sequence[Message] = ()
+    """A base not stored yet: stored with the turn's own entries, if the turn is done."""
+    write: WriteInTurnEnd | None = None
+    """The rest of such a compaction, for the turn's final transaction."""
 
 
 def strip_reasoning(text: str, open_tag: str, close_tag: str) -> str:
@@ -137,6 +153,18 @@ def pair_exchanges(rows: Sequence[tuple[int, str, str, str | None]]) -> list[Exc
     return exchanges
 
 
+def _from_base(history: History, base_ids: list[int]) -> History:
+    """The history a compaction of ``history`` leaves: its new base, right after the path."""
+    return History(
+        base_ids,
+        [],
+        history.next_seq + 1,
+        ends_with_base=True,
+        head_seq=history.next_seq,
+        last_role=BASE_ROLE,
+    )
+
+
 class Compactor:
     def __init__(
         self,
@@ -146,22 +174,56 @@ class Compactor:
         engine: InferenceEngine,
         generation: GenerationSettings,
         sessions: async_sessionmaker[AsyncSession],
+        read_sessions: async_sessionmaker[AsyncSession] | None = None,
     ) -> None:
         self._settings = settings
         self._format = chat_format
         self._engine = engine
         self._generation = generation
         self._sessions = sessions
+        self._read_sessions = read_sessions or sessions
+        """Reads: on SQLite these never take the write lock, which the next turn may need."""
         self.drops_reasoning = settings.reasoning == "drop" or (
             settings.reasoning == "auto"
             and knows_reasoning_tags(chat_format.tokenizer, settings.think_close_tag)
         )
         self._open_id = tag_token_id(chat_format.tokenizer, settings.think_open_tag)
         self._close_id = tag_token_id(chat_format.tokenizer, settings.think_close_tag)
+        self._preparation = Preparation(
+            settings=settings,
+            chat_format=chat_format,
+            engine=engine,
+            sessions=sessions,
+            read_sessions=self._read_sessions,
+            plan=self.plan,
+            reasoning_dropped=self.drops_reasoning,
+        )
 
     def needed(self, prompt_tokens: int, max_tokens: int) -> bool:
         high = self._settings.high_watermark * self._engine.max_model_len
         return self._settings.enabled and prompt_tokens + max_tokens > high
+
+    def after_turn(
+        self,
+        conversation_id: str,
+        *,
+        tokens: int,
+        max_tokens: int,
+        cache_salt: str | None,
+        system_prompt: str | None = None,
+    ) -> None:
+        """A turn ended: past ``prepare_watermark``, prepare the next base in the background
+        (opened by ``system_prompt``, the conversation's persona's; default: the format's)."""
+        self._preparation.after_turn(
+            conversation_id,
+            tokens=tokens,
+            max_tokens=max_tokens,
+            cache_salt=cache_salt,
+            system_prompt=system_prompt,
+        )
+
+    async def close(self) -> None:
+        await self._preparation.close()
 
     async def compact(
         self,
@@ -175,31 +237,32 @@ class Compactor:
         system_prompt: str | None = None,
     ) -> Compacted | None:
         """Rebuild and store the base, opened by ``system_prompt`` (the conversation's persona's;
-        default: the format's).
+        default: the format's): the prepared one if it still fits, else one made now.
 
         None when there is nothing to drop (a lone long message), or when the turn
         is already final (another worker took it over): then nothing is stored.
         """
-        async with self._sessions() as session:
-            previous, exchanges = await self._load(session, conversation_id, history.head_seq)
-        if not exchanges:
-            return None
-        system = self._format.system_prompt if system_prompt is None else system_prompt
         user_ids = self._format.turn_after_closed(content).token_ids
-        kept = self._fit(exchanges, len(user_ids), max_tokens, system)
-        dropped = exchanges[: len(exchanges) - len(kept)]
-
-        summary = previous.summary if previous is not None else None
-        summary_tokens = 0
-        if self._settings.summary:
-            summary, summary_tokens = await self._summarise(
-                conversation_id, turn_id, summary, dropped, cache_salt
+        plan = await self._preparation.take(conversation_id, history)
+        high = self._settings.high_watermark * self._engine.max_model_len
+        if plan is not None and len(plan.base_ids) + len(user_ids) + max_tokens > high:
+            log.info("prepared_base_too_long", conversation_id=conversation_id)
+            plan = None
+        if plan is None:
+            plan = await self.plan(
+                conversation_id=conversation_id,
+                request_key=turn_id,
+                reserve=len(user_ids),
+                max_tokens=max_tokens,
+                cache_salt=cache_salt,
+                head_seq=history.head_seq,
+                system_prompt=system_prompt,
             )
-        else:
-            summary = None
-        base_ids = self._format.render_ids(
-            self._messages(system, summary, kept), add_generation_prompt=False
-        )
+        if plan is None:
+            return None
+        base_ids = plan.base_ids
+        if plan.prepared:
+            return self._deferred(conversation_id, turn_id, history, plan)
 
         async with self._sessions() as session, session.begin():
             # Fenced like the turn's final write: once another worker has taken the turn
@@ -212,10 +275,10 @@ class Compactor:
                 conversation_id=conversation_id,
                 turn_id=turn_id,
                 base_seq=history.next_seq,
-                kept_from_seq=kept[0].user_seq if kept else None,
-                summary=summary,
-                dropped_exchanges=len(dropped),
-                kept_exchanges=len(kept),
+                kept_from_seq=plan.kept_from_seq,
+                summary=plan.summary,
+                dropped_exchanges=plan.dropped_exchanges,
+                kept_exchanges=plan.kept_exchanges,
                 tokens_before=len(history.prompt_ids),
                 tokens_after=len(base_ids),
                 reasoning_dropped=self.drops_reasoning,
@@ -244,8 +307,73 @@ class Compactor:
                     .where(Conversation.id == conversation_id)
                     .values(head_seq=history.next_seq)
                 )
+            # Whatever was prepared described the history before this base.
+            await session.execute(
+                delete(PreparedBase).where(PreparedBase.conversation_id == conversation_id)
+            )
             await session.flush()
             compaction_id = record.id
+        self._log(conversation_id, turn_id, compaction_id, history, plan)
+        return Compacted(_from_base(history, base_ids), compaction_id, plan.summary_tokens)
+
+    def _deferred(
+        self, conversation_id: str, turn_id: str, history: History, plan: Plan
+    ) -> Compacted:
+        """A prepared base, written with the turn's end: nothing is written before its prefill.
+
+        If the turn does not end done, nothing is written: the history is unchanged and the
+        prepared base still describes it, so the next turn switches to it instead.
+        """
+        compaction_id = new_id()
+        fields: dict[str, Any] = {
+            "id": compaction_id,
+            "conversation_id": conversation_id,
+            "turn_id": turn_id,
+            "base_seq": history.next_seq,
+            "kept_from_seq": plan.kept_from_seq,
+            "summary": plan.summary,
+            "dropped_exchanges": plan.dropped_exchanges,
+            "kept_exchanges": plan.kept_exchanges,
+            "tokens_before": len(history.prompt_ids),
+            "tokens_after": len(plan.base_ids),
+            "reasoning_dropped": self.drops_reasoning,
+        }
+
+        async def write(session: AsyncSession, turn: Turn) -> None:
+            if turn.status != TurnStatus.DONE:
+                return
+            # A fresh row per attempt: the final write may be retried after a rollback.
+            session.add(Compaction(**fields, created_at=dt.datetime.now(dt.UTC)))
+            await session.execute(
+                delete(PreparedBase).where(PreparedBase.conversation_id == conversation_id)
+            )
+
+        base = Message(
+            conversation_id=conversation_id,
+            seq=history.next_seq,
+            parent_seq=history.head_seq,
+            role=BASE_ROLE,
+            text=self._format.decode(plan.base_ids),
+            token_ids=pack_token_ids(plan.base_ids),
+            turn_id=turn_id,
+        )
+        self._log(conversation_id, turn_id, compaction_id, history, plan)
+        return Compacted(
+            _from_base(history, plan.base_ids),
+            compaction_id,
+            plan.summary_tokens,
+            entries=[base],
+            write=write,
+        )
+
+    def _log(
+        self,
+        conversation_id: str,
+        turn_id: str,
+        compaction_id: str,
+        history: History,
+        plan: Plan,
+    ) -> None:
         # Sizes only: the summary and the turns are conversation content, not log material.
         log.info(
             "compaction",
@@ -253,23 +381,57 @@ class Compactor:
             turn_id=turn_id,
             compaction_id=compaction_id,
             tokens_before=len(history.prompt_ids),
-            tokens_after=len(base_ids),
+            tokens_after=len(plan.base_ids),
+            dropped_exchanges=plan.dropped_exchanges,
+            kept_exchanges=plan.kept_exchanges,
+            summary_tokens=plan.summary_tokens,
+            reasoning_dropped=self.drops_reasoning,
+            prepared=plan.prepared,
+        )
+
+    async def plan(
+        self,
+        *,
+        conversation_id: str,
+        request_key: str,
+        reserve: int,
+        max_tokens: int,
+        cache_salt: str | None,
+        head_seq: int | None,
+        system_prompt: str | None = None,
+    ) -> Plan | None:
+        """The base a compaction of the path up to ``head_seq`` would write now, leaving
+        ``reserve`` tokens for what follows, opened by ``system_prompt`` (default: the
+        format's).
+
+        None when there is no whole exchange to work with.
+        """
+        async with self._read_sessions() as session:
+            previous, exchanges = await self._load(session, conversation_id, head_seq)
+        if not exchanges:
+            return None
+        system = self._format.system_prompt if system_prompt is None else system_prompt
+        kept = self._fit(exchanges, reserve, max_tokens, system)
+        dropped = exchanges[: len(exchanges) - len(kept)]
+
+        summary = previous.summary if previous is not None else None
+        summary_tokens = 0
+        if self._settings.summary:
+            summary, summary_tokens = await self._summarise(
+                conversation_id, request_key, summary, dropped, cache_salt
+            )
+        else:
+            summary = None
+        base_ids = self._format.render_ids(
+            self._messages(system, summary, kept), add_generation_prompt=False
+        )
+        return Plan(
+            base_ids=base_ids,
+            summary=summary,
+            summary_tokens=summary_tokens,
+            kept_from_seq=kept[0].user_seq if kept else None,
             dropped_exchanges=len(dropped),
             kept_exchanges=len(kept),
-            summary_tokens=summary_tokens,
-            reasoning_dropped=self.drops_reasoning,
-        )
-        return Compacted(
-            History(
-                base_ids,
-                [],
-                history.next_seq + 1,
-                ends_with_base=True,
-                head_seq=history.next_seq,
-                last_role=BASE_ROLE,
-            ),
-            compaction_id,
-            summary_tokens,
         )
 
     # -- pieces ------------------------------------------------------------------------
@@ -341,13 +503,15 @@ class Compactor:
         return messages
 
     def _fit(
-        self, exchanges: list[Exchange], user_tokens: int, max_tokens: int, system: str
+        self, exchanges: list[Exchange], reserve: int, max_tokens: int, system: str
     ) -> list[Exchange]:
-        """The most recent whole exchanges under the low watermark; never all of them."""
+        """The most recent whole exchanges under the low watermark; never all of them.
+
+        ``reserve``: tokens that follow the base before the turn's generation (the user
+        turn; for a prepared base, the exchanges still to come before the switch).
+        """
         budget = (
-            int(self._settings.low_watermark * self._engine.max_model_len)
-            - user_tokens
-            - max_tokens
+            int(self._settings.low_watermark * self._engine.max_model_len) - reserve - max_tokens
         )
         if self._settings.summary:
             # Room for the summary still to be written, and for its header.
@@ -372,7 +536,7 @@ class Compactor:
     async def _summarise(
         self,
         conversation_id: str,
-        turn_id: str,
+        request_key: str,
         previous: str | None,
         dropped: Sequence[Exchange],
         cache_salt: str | None,
@@ -411,7 +575,7 @@ class Compactor:
             add_generation_prompt=True,
         )
         request = GenerationRequest(
-            request_id=f"{turn_id}:summary",
+            request_id=f"{request_key}:summary",
             prompt_token_ids=prompt,
             max_tokens=self._settings.summary_max_tokens,
             temperature=self._generation.temperature,
@@ -427,7 +591,9 @@ class Compactor:
                 generated += len(chunk.token_ids)
         except Exception as exc:
             log.warning(
-                "compaction_summary_failed", turn_id=turn_id, error=f"{type(exc).__name__}: {exc}"
+                "compaction_summary_failed",
+                request=request_key,
+                error=f"{type(exc).__name__}: {exc}",
             )
             return previous, 0
         if self.drops_reasoning:

@@ -56,6 +56,7 @@ def build_policy(
     engine: InferenceEngine,
     sessions: async_sessionmaker[AsyncSession],
     fair_use: FairUse | None,
+    read_sessions: async_sessionmaker[AsyncSession] | None = None,
     partials: PartialReplies | None = None,
 ) -> TurnPolicy:
     """The policy the configuration asks for (one per app)."""
@@ -67,6 +68,7 @@ def build_policy(
             engine=engine,
             generation=generation,
             sessions=sessions,
+            read_sessions=read_sessions,
         )
     return TurnPolicy(
         compactor=compactor,

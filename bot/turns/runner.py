@@ -25,7 +25,8 @@ from bot.storage.tokens import pack_token_ids
 from bot.turns.cancellation import Cancellations
 from bot.turns.chat_format import ChatFormat, UserTurn
 from bot.turns.coalescing import claim_pending, coalesced_end, combined_content
-from bot.turns.ending import TurnEnd, TurnEndings, timings_of, usage
+from bot.turns.compaction import WriteInTurnEnd
+from bot.turns.ending import ChargeTurn, TurnEnd, TurnEndings, timings_of, usage
 from bot.turns.personas import PersonaChoice, Personas
 from bot.turns.policy import TurnPolicy
 from bot.turns.replies import ReplySink, TurnAddress, UsageAwareSink
@@ -51,6 +52,12 @@ class _Progress:
     covered: list[Turn] = field(default_factory=list)
     """Queued turns this one answers too (coalescing)."""
     compaction_id: str | None = None
+    cache_salt: str | None = None
+    persona: PersonaChoice | None = None
+    compaction_write: WriteInTurnEnd | None = None
+    """A compaction stored with the turn's end (a prepared base), its entries first in
+    ``history_entries``."""
+    compaction_entries: list[Message] = field(default_factory=list)
     history_entries: list[Message] = field(default_factory=list)
     """User and assistant entries, stored with the final status of a done turn."""
 
@@ -159,10 +166,30 @@ class TurnRunner:
                 end,
                 sink=sink,
                 history=progress.history_entries if end.status == TurnStatus.DONE else (),
-                charge=self.policy.fair_use.charge_turn if self.policy.fair_use else None,
+                charge=_in_final_write(
+                    progress.compaction_write,
+                    self.policy.fair_use.charge_turn if self.policy.fair_use else None,
+                ),
             )
         finally:
             structlog.contextvars.unbind_contextvars("turn_id", "conversation_id")
+        compactor = self.policy.compactor
+        persona = progress.persona
+        if (
+            compactor is not None
+            and persona is not None
+            and end.status == TurnStatus.DONE
+            and progress.prompt_tokens
+        ):
+            # Off the turn: a long conversation's next base is prepared (or kept warm) now,
+            # so that the turn that switches to it does not pay for it.
+            compactor.after_turn(
+                turn.conversation_id,
+                tokens=progress.prompt_tokens + len(progress.generated),
+                max_tokens=persona.generation.max_tokens,
+                cache_salt=progress.cache_salt,
+                system_prompt=persona.chat_format.system_prompt,
+            )
 
     async def _generate(
         self, turn: Turn, sink: ReplySink, clock: LayerClock, progress: _Progress
@@ -177,6 +204,8 @@ class TurnRunner:
                 persona = self._personas.choice(
                     await conversation_persona(session, turn.conversation_id), self._chat_format
                 )
+        progress.cache_salt = cache_salt
+        progress.persona = persona
         # A regeneration forks at its user entry: the prompt is, id for id, the one the
         # earlier attempt had (cached up to its last partial block), no new user entry.
         answers_again = history.last_role == "user"
@@ -207,6 +236,8 @@ class TurnRunner:
             if compacted is not None:
                 history = compacted.history
                 progress.compaction_id = compacted.compaction_id
+                progress.compaction_entries = list(compacted.entries)
+                progress.compaction_write = compacted.write
                 user = self._user_turn(persona, history, content)
                 prompt = history.prompt_ids + user.token_ids
         progress.prompt_tokens = len(prompt)
@@ -259,7 +290,8 @@ class TurnRunner:
         # locked transaction as the final status (``TurnEndings.finish``), so a turn another
         # worker has taken over meanwhile adds nothing to the history.
         reply_seq = history.next_seq
-        entries: list[Message] = []
+        # A prepared compaction's base, stored with the turn's end (before the user entry).
+        entries: list[Message] = list(progress.compaction_entries)
         if user is not None:
             entries.append(
                 Message(
@@ -277,7 +309,7 @@ class TurnRunner:
             Message(
                 conversation_id=turn.conversation_id,
                 seq=reply_seq,
-                parent_seq=entries[0].seq if entries else history.head_seq,
+                parent_seq=entries[-1].seq if entries else history.head_seq,
                 role="assistant",
                 text=progress.text,
                 token_ids=pack_token_ids(progress.generated),
@@ -321,7 +353,9 @@ class TurnRunner:
         end.cached_tokens = progress.cached_tokens
         end.completion_tokens = len(progress.generated)
         end.finish_reason = progress.finish_reason
-        end.compaction_id = progress.compaction_id
+        # A compaction written with the turn's end exists only if the turn is done.
+        deferred_and_lost = progress.compaction_write is not None and end.status != TurnStatus.DONE
+        end.compaction_id = None if deferred_and_lost else progress.compaction_id
         end.coalesced = [turn.id for turn in progress.covered]
         ttft = (progress.first_token_at - received_at) * 1000 if progress.first_token_at else None
         end.timings_ms = timings_of(
@@ -329,3 +363,16 @@ class TurnRunner:
             round(ttft, 3) if ttft is not None else None,
             round((time.time() - received_at) * 1000, 3),
         )
+
+
+def _in_final_write(*steps: ChargeTurn | None) -> ChargeTurn | None:
+    """Steps run in the turn's final transaction, in order (``TurnEndings.finish``)."""
+    present = [step for step in steps if step is not None]
+    if not present:
+        return None
+
+    async def run(session: AsyncSession, turn: Turn) -> None:
+        for step in present:
+            await step(session, turn)
+
+    return run

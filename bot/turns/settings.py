@@ -62,6 +62,16 @@ class CompactionSettings(_Section):
     """Compact when the next prompt + generation.max_tokens passes this share of max_model_len."""
     low_watermark: float = Field(DEFAULT_LOW_WATERMARK, gt=0, lt=1)
     """The rebuilt prompt + generation.max_tokens stays under this share of max_model_len."""
+    prepare_ahead: bool = True
+    """Prepare the next base in the background (summary, rendering, a prefill that puts it in
+    the engine's prefix cache) once the prompt passes ``prepare_watermark``, so that the turn
+    that switches to it finds it cached (``bot.turns.preparation``)."""
+    prepare_watermark: float | None = Field(None, gt=0, lt=1)
+    """Share of max_model_len (next prompt + generation.max_tokens) from which the next base is
+    prepared; between low_watermark and high_watermark. Unset: halfway (0.7 with the defaults).
+    The prepared base leaves room for the exchanges until the switch, so the base the switch
+    writes is as large as one made in the turn; a lower mark starts earlier (more time for the
+    summary) and re-prefills the new exchange after each turn until the switch."""
     summary: bool = True
     """Let the model summarise the dropped turns (one extra generation per compaction)."""
     summary_max_tokens: int = Field(DEFAULT_SUMMARY_MAX_TOKENS, gt=0)
@@ -76,7 +86,18 @@ class CompactionSettings(_Section):
     def _low_below_high(self) -> CompactionSettings:
         if self.low_watermark >= self.high_watermark:
             raise ValueError("low_watermark must be below high_watermark")
+        if self.prepare_watermark is not None and not (
+            self.low_watermark < self.prepare_watermark < self.high_watermark
+        ):
+            raise ValueError("prepare_watermark must be between low_watermark and high_watermark")
         return self
+
+    @property
+    def prepare_at(self) -> float:
+        """The share of max_model_len from which the next base is prepared."""
+        if self.prepare_watermark is not None:
+            return self.prepare_watermark
+        return (self.high_watermark + self.low_watermark) / 2
 
 
 class LimitSettings(_Section):

@@ -49,6 +49,8 @@ LINES = [
 
 
 def _compaction_sections(**compaction: Any) -> dict[str, Any]:
+    """These tests cover compacting inside the turn (tests/test_base_preparation.py: ahead)."""
+    compaction.setdefault("prepare_ahead", False)
     return {
         "generation": {"max_tokens": MAX_TOKENS, "temperature": 0.0, "top_p": 1.0},
         "compaction": {
