@@ -32,6 +32,8 @@ async def test_the_picker_starts_a_conversation_with_a_persona_then_closes(
     await page.goto(base_url(client) + f"#key={key}")
 
     picker = page.get_by_label("Persona")
+    # The picker shows once the page has read the personas; enabled alone is too early.
+    await expect(picker).to_be_visible()
     await expect(picker).to_be_enabled()
     options = await picker.locator("option").evaluate_all("(os) => os.map((o) => o.value)")
     assert options == ["", "pirate", "terse"]
