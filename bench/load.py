@@ -34,11 +34,10 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from aiohttp import web
+from harness import bench_key, percentile, serve_on_loopback
 from slack_sdk.signature import SignatureVerifier
 from sqlalchemy import func, select
 
-from bot.apikeys import create_key
 from bot.config import load_settings
 from bot.demo_model import build_demo_model
 from bot.engine.vllm_local import LocalVLLMEngine
@@ -55,7 +54,8 @@ from tests.fakes.slack_api import FakeSlackApi
 from tests.fakes.telegram_api import FakeTelegram
 
 ACK_P99_GOAL_MS = 25.0
-FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures"
+TESTS = Path(__file__).resolve().parents[1] / "tests"
+"""The real payload fixtures live in each channel's test folder."""
 CHANNELS = ("api", "telegram", "slack")
 TELEGRAM_BOT = "loadbot"
 TELEGRAM_TOKEN = "7000000002:AAHdqTcvCH1vGWJxfSeofSAs0K5PALDload"
@@ -69,20 +69,15 @@ SLACK_CHANNEL = "C0001LOAD"
 SLACK_SIGNING_SECRET = "8f742231b10e8888abcd99yyyzzz85a5"
 
 
-def percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))]
-
-
 class Senders:
     """One message as each platform sends it: (path, body, headers) for a conversation."""
 
     def __init__(self, key: str) -> None:
         self._key = key
-        self._telegram = json.loads((FIXTURES / "telegram" / "private_text.json").read_text())
-        self._slack = json.loads((FIXTURES / "slack" / "app_mention.json").read_text())
+        self._telegram = json.loads(
+            (TESTS / "telegram" / "fixtures" / "private_text.json").read_text()
+        )
+        self._slack = json.loads((TESTS / "slack" / "fixtures" / "app_mention.json").read_text())
         self._verifier = SignatureVerifier(SLACK_SIGNING_SECRET)
         self._ids = itertools.count(1)
 
@@ -253,16 +248,8 @@ async def main(args: argparse.Namespace) -> None:
     engine = LocalVLLMEngine(settings.engine)
     await engine.start()
     app = await create_app(settings, engine=engine)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    base = f"http://127.0.0.1:{port}"
-    db = create_engine(db_url)
-    async with create_sessionmaker(db)() as session, session.begin():
-        key = (await create_key(session, name=f"bench-{uuid.uuid4().hex[:6]}")).key
-    await db.dispose()
+    runner, base = await serve_on_loopback(app)
+    key = await bench_key(db_url, f"bench-{uuid.uuid4().hex[:6]}")
     senders = Senders(key)
 
     rates = [float(r) for r in args.rates.split(",")]

@@ -43,12 +43,12 @@ from typing import Any
 
 import asyncpg
 import openai
-from aiohttp import web
 from sqlalchemy import func, select
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bot.apikeys import create_key
+from harness import bench_key, percentile, serve_on_loopback
+
 from bot.config import Settings, load_settings
 from bot.demo_model import build_demo_model
 from bot.http.app import create_app
@@ -85,11 +85,6 @@ class TurnResult:
     cached_tokens: int
     completion_tokens: int
     ttft_ms: float
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))]
 
 
 async def converse(
@@ -251,18 +246,10 @@ async def main(args: argparse.Namespace) -> None:
         db_url = await stack.enter_async_context(scratch_database(workdir, args.postgres))
         settings = service_settings(db_url, model, server.base_url, args.max_tokens)
         app = await create_app(settings)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        db = create_engine(db_url)
-        async with create_sessionmaker(db)() as session, session.begin():
-            key = (await create_key(session, name="bench")).key
+        runner, base = await serve_on_loopback(app)
+        key = await bench_key(db_url, "bench")
 
-        service_client = openai.AsyncOpenAI(
-            base_url=f"http://127.0.0.1:{port}/v1", api_key=key, max_retries=0
-        )
+        service_client = openai.AsyncOpenAI(base_url=f"{base}/v1", api_key=key, max_retries=0)
         vllm_client = openai.AsyncOpenAI(
             base_url=f"{server.base_url}/v1", api_key=API_KEY, max_retries=0
         )
@@ -281,6 +268,7 @@ async def main(args: argparse.Namespace) -> None:
         vllm = await run_all(
             vllm_client, args, system_message=True, extra_body={"cache_salt": "bench-vllm"}
         )
+        db = create_engine(db_url)
         async with create_sessionmaker(db)() as session:
             conversations = await session.scalar(select(func.count()).select_from(Conversation))
             layer_ms = [t.layer_ms for t in (await session.scalars(select(Turn))).all()]

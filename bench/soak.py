@@ -58,6 +58,7 @@ from sqlalchemy import select
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from harness import percentile
 from soak_faults import EngineProxy, cut_connections, hold_lock
 from soak_platforms import (
     DELIVERY_RETRY_FOR_S,
@@ -540,13 +541,6 @@ def worker_env(
 
 
 # -- report ----------------------------------------------------------------------------
-
-
-def percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))]
 
 
 def describe(sent: Sent, shown: Finals | None, turn_lines: int, oracle: TurnOracle) -> str:

@@ -39,7 +39,8 @@ from bot.turns.claims import INTERRUPTED_APOLOGY
 from tests.fakes.slack_api import PACED, FakeSlackApi
 from tests.fakes.telegram_api import FakeTelegram
 
-FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures"
+TESTS = Path(__file__).resolve().parents[1] / "tests"
+"""The real payload fixtures live in each channel's test folder."""
 NOTICES = frozenset({*USER_MESSAGES.values(), INTERRUPTED_APOLOGY})
 """What the service says instead of (or after) a reply."""
 DELIVERY_RETRY_FOR_S = 90.0
@@ -276,7 +277,9 @@ class TelegramPlayer:
 
     def __init__(self, http: aiohttp.ClientSession, workers: Workers, fake: FlakyTelegram) -> None:
         self._http, self._workers, self.fake = http, workers, fake
-        self._template = json.loads((FIXTURES / "telegram" / "private_text.json").read_text())
+        self._template = json.loads(
+            (TESTS / "telegram" / "fixtures" / "private_text.json").read_text()
+        )
         self._update_ids = itertools.count(600_000_000)
 
     async def send(self, rng: random.Random, conversation: str, message_id: str, text: str) -> Sent:
@@ -350,7 +353,7 @@ class SlackPlayer:
 
     def __init__(self, http: aiohttp.ClientSession, workers: Workers, fake: FlakySlack) -> None:
         self._http, self._workers, self.fake = http, workers, fake
-        self._template = json.loads((FIXTURES / "slack" / "app_mention.json").read_text())
+        self._template = json.loads((TESTS / "slack" / "fixtures" / "app_mention.json").read_text())
         self._verifier = SignatureVerifier(SLACK_SIGNING_SECRET)
         self._ids = itertools.count(1)
 

@@ -29,9 +29,8 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from aiohttp import web
+from harness import bench_key, percentile, serve_on_loopback
 
-from bot.apikeys import create_key
 from bot.config import load_settings
 from bot.demo_model import build_demo_model
 from bot.engine.base import GenerationRequest
@@ -53,14 +52,6 @@ USER_LINES = [
     "Markdown: **bold**, _italic_, `code`.",
     "Questions and answers, greetings and farewells.",
 ]
-
-
-def percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
-    return ordered[index]
 
 
 async def read_stream(response: aiohttp.ClientResponse, started: float) -> dict[str, Any]:
@@ -176,17 +167,9 @@ async def main(args: argparse.Namespace) -> None:
     engine = LocalVLLMEngine(settings.engine)
     await engine.start()
     app = await create_app(settings, engine=engine)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    base = f"http://127.0.0.1:{port}"
+    runner, base = await serve_on_loopback(app)
 
-    db = create_engine(db_url)
-    async with create_sessionmaker(db)() as session, session.begin():
-        key = (await create_key(session, name="bench")).key
-    await db.dispose()
+    key = await bench_key(db_url, "bench")
 
     async with aiohttp.ClientSession() as http:
         started = time.perf_counter()

@@ -1,0 +1,40 @@
+"""What every benchmark here needs: a percentile, the app on a loopback port, an API key.
+
+Benchmarks import it as a sibling module (``from harness import ...``): a script's own
+folder is first on ``sys.path``.
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from bot.apikeys import create_key
+from bot.storage.db import create_engine, create_sessionmaker
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The nearest-rank ``q``-th percentile; NaN for no values."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))]
+
+
+async def serve_on_loopback(app: web.Application) -> tuple[web.AppRunner, str]:
+    """Serve ``app`` on a free 127.0.0.1 port; the runner (to clean up) and the base URL."""
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    return runner, f"http://127.0.0.1:{port}"
+
+
+async def bench_key(db_url: str, name: str, owner: str | None = None) -> str:
+    """A fresh API key (the secret) for the benchmark's client."""
+    db = create_engine(db_url)
+    try:
+        async with create_sessionmaker(db)() as session, session.begin():
+            return (await create_key(session, name=name, owner=owner)).key
+    finally:
+        await db.dispose()
