@@ -12,74 +12,28 @@ one ``turn`` log line, and the conversation's next message is answered.
 from __future__ import annotations
 
 import asyncio
-import re
 import sqlite3
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
 import pytest
 import structlog
 from aiohttp.test_utils import TestClient
-from sqlalchemy import event
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import OperationalError
 
 from bot.engine.vllm_local import LocalVLLMEngine
-from bot.http.keys import SESSIONS
 from bot.storage.db import is_sqlite
 from bot.storage.models import TurnStatus
 from tests.conftest import MakeClient, issue_key
 from tests.engines import NulByteEngine, SlowEngine
 from tests.helpers import auth, count_rows, load_history_rows, load_turns, read_sse
+from tests.turns.conftest import WriteFaults
 
 START = r"^UPDATE turns SET .*started_at"
 FINAL = r"^UPDATE turns SET .*finished_at"
 HISTORY = r"^INSERT INTO messages"
 ACCEPT = r"^INSERT INTO turns"
-
-
-@dataclass
-class _Rule:
-    pattern: re.Pattern[str]
-    remaining: int | None  # None: until cleared
-
-
-class WriteFaults:
-    """Makes chosen statements of the app's own database engine fail like a lost connection."""
-
-    def __init__(self, client: TestClient[Any, Any]) -> None:
-        self._engine = client.app[SESSIONS].kw["bind"].sync_engine
-        self._rules: list[_Rule] = []
-        self.raised = 0
-        event.listen(self._engine, "before_cursor_execute", self._check)
-
-    def fail(self, pattern: str, times: int | None = None) -> None:
-        self._rules.append(_Rule(re.compile(pattern, re.DOTALL), times))
-
-    def clear(self) -> None:
-        self._rules.clear()
-
-    def close(self) -> None:
-        event.remove(self._engine, "before_cursor_execute", self._check)
-
-    def _check(self, _conn: Any, _cursor: Any, statement: str, params: Any, *_: Any) -> None:
-        for rule in self._rules:
-            if rule.pattern.search(statement) and rule.remaining != 0:
-                if rule.remaining is not None:
-                    rule.remaining -= 1
-                self.raised += 1
-                raise OperationalError(statement, params, ConnectionResetError("injected fault"))
-
-
-@pytest.fixture
-def faults() -> Iterator[list[WriteFaults]]:
-    made: list[WriteFaults] = []
-    yield made
-    for fault in made:
-        fault.close()
 
 
 def turn_lines(logs: list[dict[str, Any]], turn_id: str) -> list[dict[str, Any]]:

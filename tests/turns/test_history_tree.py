@@ -6,6 +6,7 @@ import asyncio
 from typing import Any
 
 import pytest
+import structlog
 from aiohttp.test_utils import TestClient
 from sqlalchemy import select, text
 
@@ -13,13 +14,14 @@ from bot.admin.conversations import load_conversation
 from bot.engine.vllm_local import LocalVLLMEngine
 from bot.storage.db import create_engine, create_sessionmaker
 from bot.storage.migrate import upgrade
-from bot.storage.models import Conversation, Message, utcnow
+from bot.storage.models import Conversation, Message, TurnStatus, utcnow
 from bot.storage.queries import load_history
 from bot.storage.tokens import pack_token_ids
 from bot.turns.chat_format import ChatFormat
 from tests.conftest import TEST_BLOCK_SIZE, MakeClient, issue_key
 from tests.engine_spy import RecordingEngine
-from tests.helpers import auth, load_history_rows, read_sse
+from tests.helpers import auth, load_history_rows, load_turns, read_sse
+from tests.turns.conftest import WriteFaults
 
 
 def whole_blocks(tokens: int) -> int:
@@ -264,3 +266,45 @@ async def test_migration_turns_a_linear_history_into_a_one_branch_tree(empty_db_
         assert (history.head_seq, history.next_seq, history.last_assistant_ids) == (4, 5, [5, 6])
     finally:
         await engine.dispose()
+
+
+@pytest.mark.parametrize("action", ["regenerate", "edit"])
+async def test_a_fork_whose_history_cannot_be_written_fails_once_and_leaves_the_branch(
+    db_url: str, make_client: MakeClient, faults: list[WriteFaults], action: str
+) -> None:
+    """Every write of the fork's entries fails (a lost connection at each INSERT): the new
+    turn ends failed, once; the tree and its head stay as they were, and the next message
+    continues the branch the user had."""
+    client = await make_client(db_url)
+    key = await issue_key(db_url)
+    first = await say(client, key, "m1", "Hello there")
+    rows_before = [(m.seq, m.parent_seq, m.role) for m in await load_history_rows(db_url)]
+    head_before = await head_seq(db_url)
+
+    fault = WriteFaults(client)
+    faults.append(fault)
+    fault.fail(r"^INSERT INTO messages")
+    with structlog.testing.capture_logs() as logs:
+        body = {"text": "Hello again"} if action == "edit" else None
+        response = await client.post(f"/v1/turns/{first}/{action}", json=body, headers=auth(key))
+        assert response.status == 202, await response.text()
+        forked = str((await response.json())["turn_id"])
+        async with asyncio.timeout(90):
+            events = await read_sse(
+                await client.get(f"/v1/turns/{forked}/events", headers=auth(key))
+            )
+    fault.clear()
+
+    assert events[-1].kind == "error", events[-1]
+    assert fault.raised >= 1
+    turns = {t.id: t for t in await load_turns(db_url)}
+    assert turns[forked].status == TurnStatus.FAILED
+    assert len([e for e in logs if e.get("event") == "turn" and e.get("turn_id") == forked]) == 1
+    assert [(m.seq, m.parent_seq, m.role) for m in await load_history_rows(db_url)] == rows_before
+    assert await head_seq(db_url) == head_before
+
+    # The next message extends the branch the user had: the first exchange, then this one.
+    await say(client, key, "m2", "And now?")
+    rows = await load_history_rows(db_url)
+    assert [m.role for m in rows] == [r for _, _, r in rows_before] + ["user", "assistant"]
+    assert rows[-2].parent_seq == head_before
