@@ -81,13 +81,6 @@ async def close_conversation(
     return int(getattr(result, "rowcount", 0) or 0)
 
 
-async def conversation_persona(session: AsyncSession, conversation_id: str) -> str | None:
-    persona: str | None = await session.scalar(
-        select(Conversation.persona).where(Conversation.id == conversation_id)
-    )
-    return persona
-
-
 async def find_event(session: AsyncSession, channel: str, event_id: str) -> InboundEvent | None:
     return (
         await session.scalars(
@@ -153,6 +146,8 @@ class History:
     head_seq: int | None = None
     """The path's last entry, which the next entry names as its parent; None: empty history."""
     last_role: str | None = None
+    persona: str | None = None
+    """The preset the conversation started with (``conversations.persona``); None: default."""
 
 
 BASE_ROLE = "base"
@@ -211,17 +206,19 @@ async def load_history(
         .where(Message.conversation_id == conversation_id)
         .scalar_subquery()
     )
-    # One round trip for both: the head (unless given) and the next free seq.
-    head, last = (
+    # One round trip for the head (unless given), the next free seq and the persona.
+    head, last, persona = (
         await session.execute(
-            select(Conversation.head_seq, last_seq).where(Conversation.id == conversation_id)
+            select(Conversation.head_seq, last_seq, Conversation.persona).where(
+                Conversation.id == conversation_id
+            )
         )
-    ).one_or_none() or (None, None)
+    ).one_or_none() or (None, None, None)
     next_seq = 0 if last is None else int(last) + 1
     if at is None:
         at = head
     if at is None or at < 0:
-        return History([], [], next_seq)
+        return History([], [], next_seq, persona=persona)
     entries = await path_entries(session, conversation_id, at)
     prompt: list[int] = []
     last_assistant: list[int] = []
@@ -238,6 +235,7 @@ async def load_history(
         ends_with_base=last_role == BASE_ROLE,
         head_seq=entries[-1].seq if entries else None,
         last_role=last_role,
+        persona=persona,
     )
 
 

@@ -19,7 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from bot.engine.base import GenerationChunk, GenerationRequest, InferenceEngine
 from bot.errors import BotError, ContextOverflow, ErrorClass
 from bot.storage.models import Message, Turn, TurnStatus, utcnow
-from bot.storage.queries import History, as_utc, conversation_persona, load_history
+from bot.storage.queries import History, as_utc, load_history
 from bot.storage.text import storable
 from bot.storage.tokens import pack_token_ids
 from bot.turns.cancellation import Cancellations
@@ -201,9 +201,7 @@ class TurnRunner:
                 # An edit or a regeneration names where it forks off the tree; else the head.
                 history = await load_history(session, turn.conversation_id, at=turn.parent_seq)
                 cache_salt = await self.policy.cache_salt(session, turn.conversation_id)
-                persona = self._personas.choice(
-                    await conversation_persona(session, turn.conversation_id), self._chat_format
-                )
+        persona = self._personas.choice(history.persona, self._chat_format)
         progress.cache_salt = cache_salt
         progress.persona = persona
         # A regeneration forks at its user entry: the prompt is, id for id, the one the
