@@ -146,6 +146,8 @@ function showControls(turns) {
 // server disagree on which turns are shown).
 async function refreshControls() {
   const conversation = await api.history(conversationId);
+  // A message sent meanwhile is being answered: its own refresh comes when it ends.
+  if ($("send").disabled) return;
   const same =
     conversation.turns.length === views.length &&
     conversation.turns.every((turn, index) => turn.turn_id === views[index].turnId);
@@ -210,16 +212,21 @@ async function answer(text, start) {
   const view = addTurnView(text);
   view.bot.classList.add("streaming");
   setBusy(true);
+  let answered = false;
   try {
     const accepted = await start();
     view.turnId = accepted.turn_id;
     await streamInto(view, accepted.turn_id);
-    await refreshControls();
+    answered = true;
   } catch (error) {
     handleFailure(view, error);
   } finally {
     setBusy(false);
     refreshUsage();
+  }
+  // The chat is open again as soon as the reply is in; its versions and buttons follow.
+  if (answered) {
+    await refreshControls().catch((error) => showError(error.errorClass || "internal", error.message));
   }
 }
 
