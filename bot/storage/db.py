@@ -124,14 +124,8 @@ def _on_sqlite_rollback(connection: Any) -> None:
     _release_writer(info)
 
 
-def _on_sqlite_checkin(_dbapi_connection: Any, record: Any) -> None:
-    # A connection back in the pool holds no transaction any more.
-    _release_writer(getattr(record, "info", None))
-
-
-def _on_sqlite_reset(_dbapi_connection: Any, record: Any, _state_or_error: Any) -> None:
-    # Nor does one reset or invalidated. (The pool reads a listener's arguments by name
-    # count: ``reset``, ``invalidate`` and ``soft_invalidate`` pass three.)
+def _on_sqlite_checkin(_dbapi_connection: Any, record: Any, *_: Any) -> None:
+    # A connection back in the pool, reset or invalidated holds no transaction any more.
     _release_writer(getattr(record, "info", None))
 
 
@@ -150,9 +144,8 @@ def create_engine(url: str, *, echo: bool = False) -> AsyncEngine:
         event.listen(engine.sync_engine, "begin", _on_sqlite_begin)
         event.listen(engine.sync_engine, "commit", _on_sqlite_commit)
         event.listen(engine.sync_engine, "rollback", _on_sqlite_rollback)
-        event.listen(engine.sync_engine.pool, "checkin", _on_sqlite_checkin)
-        for name in ("reset", "invalidate", "soft_invalidate"):
-            event.listen(engine.sync_engine.pool, name, _on_sqlite_reset)
+        for name in ("checkin", "reset", "invalidate", "soft_invalidate"):
+            event.listen(engine.sync_engine.pool, name, _on_sqlite_checkin)
         return engine
     return create_async_engine(url, echo=echo, pool_pre_ping=True)
 
