@@ -27,7 +27,6 @@ from pathlib import Path
 
 import click
 
-from bot.channels.telegram.cli import telegram
 from bot.chat_client import chat
 from bot.cli.common import Context, database_password_masked, pass_context
 from bot.cli.conversations import conversations
@@ -36,6 +35,7 @@ from bot.cli.doctor import doctor
 from bot.cli.keys import keys
 from bot.cli.limits import limits
 from bot.cli.model import model
+from bot.cli.telegram import telegram
 from bot.cli.usage import usage
 from bot.config import DEFAULT_DEMO_MODEL_DIR
 

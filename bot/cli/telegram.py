@@ -20,6 +20,7 @@ import click
 
 from bot.channels.registry import TELEGRAM
 from bot.channels.telegram.api import TelegramApi, TelegramApiError
+from bot.channels.telegram.doctor import webhook_url
 from bot.channels.telegram.payloads import HANDLED_UPDATE_TYPES
 from bot.channels.telegram.settings import TelegramBotSettings
 from bot.config import ConfigError, Settings, load_settings
@@ -57,13 +58,6 @@ def _call(bot: TelegramBotSettings, method: str, params: dict[str, Any] | None =
         return asyncio.run(run())
     except TelegramApiError as exc:
         raise click.ClickException(f"{exc} ({exc.error_class.value})") from None
-
-
-def webhook_url(public_url: str, bot_name: str) -> str:
-    """The bot's webhook address under the service's public base URL."""
-    path = f"/telegram/{bot_name}"
-    base = public_url.rstrip("/")
-    return base if base.endswith(path) else base + path
 
 
 @click.group()

@@ -9,7 +9,7 @@ from typing import Any
 
 from click.testing import CliRunner
 
-from bot.channels.telegram.cli import telegram
+from bot.cli.telegram import telegram
 from bot.config import load_settings
 from tests.fakes.telegram_api import FakeTelegram
 from tests.telegram.conftest import BOT_TOKEN

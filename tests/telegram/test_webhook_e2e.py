@@ -11,7 +11,6 @@ from typing import Any
 from click.testing import CliRunner
 
 from bot.channels.retry import NOTHING_TO_RETRY_TEXT
-from bot.channels.telegram.cli import telegram
 from bot.channels.telegram.commands import (
     EDIT_REFUSED_TEXT,
     HELP_TEXT,
@@ -19,6 +18,7 @@ from bot.channels.telegram.commands import (
     NOTHING_TO_STOP_TEXT,
 )
 from bot.channels.telegram.render import Renderer
+from bot.cli.telegram import telegram
 from bot.config import load_settings
 from bot.engine.vllm_local import LocalVLLMEngine
 from bot.http.keys import TURNS

@@ -7,7 +7,6 @@ from typing import Any
 import aiohttp
 
 from bot.channels.telegram.api import TelegramApi, TelegramApiError
-from bot.channels.telegram.cli import webhook_url
 from bot.channels.telegram.settings import TelegramBotSettings
 from bot.doctor.report import CONFIG, DoctorFailure
 from bot.errors import ErrorClass
@@ -17,6 +16,13 @@ _TELEGRAM_HINTS = {
     ErrorClass.NETWORK: "api.telegram.org is unreachable from here: DNS, firewall or proxy",
     ErrorClass.TIMEOUT: "api.telegram.org did not answer in time: firewall or proxy",
 }
+
+
+def webhook_url(public_url: str, bot_name: str) -> str:
+    """The bot's webhook address under the service's public base URL."""
+    path = f"/telegram/{bot_name}"
+    base = public_url.rstrip("/")
+    return base if base.endswith(path) else base + path
 
 
 async def check(
