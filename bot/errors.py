@@ -97,3 +97,19 @@ class ContextOverflow(BotError):
             f"exceeds max_model_len {max_model_len}",
         )
         self.prompt_tokens = prompt_tokens
+
+
+# Doctor-only error classes, beside ``ErrorClass``: faults an admin
+# fixes in the configuration or with a command, which no turn ever fails with.
+CONFIG = "config"
+PENDING_MIGRATION = "pending_migration"
+
+
+class DoctorFailure(Exception):
+    """A check failed: what broke (error class), what was seen, what usually fixes it."""
+
+    def __init__(self, error_class: str, message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.error_class = error_class
+        self.message = message
+        self.hint = hint

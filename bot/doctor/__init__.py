@@ -8,7 +8,8 @@ reports its layer, ok/fail, time, an error class and a one-line hint for the
 usual causes.
 """
 
-from bot.doctor.report import CheckResult, DoctorFailure, render_json, render_text
+from bot.doctor.report import CheckResult, render_json, render_text
 from bot.doctor.walk import run_doctor
+from bot.errors import DoctorFailure
 
 __all__ = ["CheckResult", "DoctorFailure", "render_json", "render_text", "run_doctor"]

@@ -7,9 +7,8 @@ import uuid
 from pathlib import Path
 
 from bot.config import DEFAULT_DEMO_MODEL_DIR, Settings
-from bot.doctor.report import CONFIG, DoctorFailure
 from bot.engine.base import GenerationRequest, InferenceEngine
-from bot.errors import BotError, ErrorClass
+from bot.errors import CONFIG, BotError, DoctorFailure, ErrorClass
 from bot.turns.chat_format import ChatFormat, ChatTemplateError, load_tokenizer
 
 ENGINE_START_TIMEOUT_S = 600.0

@@ -13,8 +13,7 @@ from typing import Any
 
 import aiohttp
 
-from bot.doctor.report import DoctorFailure
-from bot.errors import ErrorClass
+from bot.errors import DoctorFailure, ErrorClass
 
 _HINTS = {
     ErrorClass.AUTH: "engine.api_key does not match the server's --api-key (BOT_ENGINE__API_KEY)",

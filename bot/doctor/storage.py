@@ -8,8 +8,7 @@ import socket
 from sqlalchemy import text
 
 from bot.config import Settings
-from bot.doctor.report import CONFIG, PENDING_MIGRATION, DoctorFailure
-from bot.errors import ErrorClass
+from bot.errors import CONFIG, PENDING_MIGRATION, DoctorFailure, ErrorClass
 from bot.storage.db import create_engine
 from bot.storage.migrate import current_revision, head_revision
 from bot.storage.redact import hide_password, redact

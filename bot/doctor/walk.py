@@ -13,9 +13,9 @@ from bot.channels.kind import ChannelKind, DoctorCheck
 from bot.channels.registry import CHANNELS
 from bot.config import ConfigError, Settings, load_settings
 from bot.doctor import model, remote, storage
-from bot.doctor.report import CONFIG, CheckResult, DoctorFailure
+from bot.doctor.report import CheckResult
 from bot.engine.base import InferenceEngine
-from bot.errors import ErrorClass
+from bot.errors import CONFIG, DoctorFailure, ErrorClass
 from bot.storage.redact import redact
 from bot.turns.chat_format import ChatFormat
 

@@ -6,8 +6,7 @@ import aiohttp
 
 from bot.channels.slack.api import SlackApi, SlackCallError, make_client
 from bot.channels.slack.settings import SlackAppSettings
-from bot.doctor.report import DoctorFailure
-from bot.errors import ErrorClass
+from bot.errors import DoctorFailure, ErrorClass
 
 _SLACK_HINTS = {
     ErrorClass.AUTH: "bot_token is wrong, revoked, or the app was uninstalled from the workspace",

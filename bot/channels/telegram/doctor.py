@@ -8,8 +8,7 @@ import aiohttp
 
 from bot.channels.telegram.api import TelegramApi, TelegramApiError
 from bot.channels.telegram.settings import TelegramBotSettings
-from bot.doctor.report import CONFIG, DoctorFailure
-from bot.errors import ErrorClass
+from bot.errors import CONFIG, DoctorFailure, ErrorClass
 
 _TELEGRAM_HINTS = {
     ErrorClass.AUTH: "the token is wrong or revoked: copy it again from @BotFather",
