@@ -38,10 +38,10 @@ from harness import bench_key, percentile, serve_on_loopback
 from slack_sdk.signature import SignatureVerifier
 from sqlalchemy import func, select
 
+from bot.app import create_app
 from bot.config import load_settings
 from bot.demo_model import build_demo_model
 from bot.engine.vllm_local import LocalVLLMEngine
-from bot.http.app import create_app
 from bot.http.keys import TURNS
 from bot.log import configure_logging
 from bot.storage.db import create_engine, create_sessionmaker

@@ -43,11 +43,11 @@ from aiohttp.test_utils import TestClient, TestServer
 from sqlalchemy import select
 
 from bot.apikeys import create_key
+from bot.app import create_app
 from bot.config import EngineSettings, load_settings
 from bot.demo_model import build_demo_model
 from bot.engine.base import GenerationChunk, GenerationRequest, InferenceEngine
 from bot.engine.vllm_local import LocalVLLMEngine
-from bot.http.app import create_app
 from bot.storage.db import create_engine, create_sessionmaker
 from bot.storage.migrate import upgrade
 from bot.storage.models import Turn

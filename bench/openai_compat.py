@@ -49,9 +49,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from harness import bench_key, percentile, serve_on_loopback
 
+from bot.app import create_app
 from bot.config import Settings, load_settings
 from bot.demo_model import build_demo_model
-from bot.http.app import create_app
 from bot.log import configure_logging
 from bot.storage.db import create_engine, create_sessionmaker
 from bot.storage.migrate import upgrade

@@ -29,9 +29,9 @@ from aiohttp import web
 from sqlalchemy import event
 
 from bot.apikeys import create_key
+from bot.app import create_app
 from bot.config import ServerSettings, load_settings
 from bot.demo_model import build_demo_model
-from bot.http.app import create_app
 from bot.http.keys import SESSIONS
 from bot.storage import queries
 from bot.storage.db import create_engine, create_sessionmaker

@@ -31,11 +31,11 @@ from typing import Any
 import aiohttp
 from harness import bench_key, percentile, serve_on_loopback
 
+from bot.app import create_app
 from bot.config import load_settings
 from bot.demo_model import build_demo_model
 from bot.engine.base import GenerationRequest
 from bot.engine.vllm_local import LocalVLLMEngine
-from bot.http.app import create_app
 from bot.log import configure_logging
 from bot.storage.db import create_engine, create_sessionmaker
 from bot.storage.migrate import upgrade

@@ -7,9 +7,7 @@ turn service (which resumes queued turns on start and drains on stop).
 
 from __future__ import annotations
 
-import time
-import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 
 import structlog
 from aiohttp import web
@@ -19,26 +17,23 @@ from bot.config import Settings
 from bot.engine.base import InferenceEngine
 from bot.http import openapi, ops
 from bot.http.clients import platform_client
-from bot.http.errors import json_error
 from bot.http.keys import (
     CHAT_FORMAT,
     DB_PROBE,
     ENGINE,
     HTTP_CLIENT,
     READ_SESSIONS,
-    REQUEST_RECEIVED_AT,
-    REQUEST_STARTED,
     SESSIONS,
     SETTINGS,
     TURNS,
     USAGE,
 )
+from bot.http.middleware import request_context
 from bot.storage.db import (
     create_engine,
     create_probe_engine,
     create_read_sessionmaker,
     create_sessionmaker,
-    storage_unavailable,
 )
 from bot.turns.chat_format import ChatFormat, ChatFormatSource, load_tokenizer
 from bot.turns.claims import build_claims
@@ -53,60 +48,6 @@ from bot.turns.usage import UsageReports
 from bot.web import routes as web_page
 
 log = structlog.get_logger(__name__)
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-HTTP_ERROR_MIN = 400
-_HTTP_ERRORS = {404: "not_found", 405: "method_not_allowed", 413: "too_large"}
-_KEPT_HEADERS = ("Allow", "Retry-After")
-
-
-@web.middleware
-async def request_context(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Stamp arrival time and bind a request id to every log line of this request.
-
-    Every error answer is JSON ``{"error", "reason"}``: aiohttp's own (unknown
-    path, wrong method) too. An unexpected exception is a 500 that tells the
-    client only the request id; its text and traceback go to the log under it.
-    """
-    request[REQUEST_STARTED] = time.perf_counter()
-    request[REQUEST_RECEIVED_AT] = time.time()
-    request_id = uuid.uuid4().hex[:16]
-    structlog.contextvars.clear_contextvars()
-    structlog.contextvars.bind_contextvars(request_id=request_id)
-    try:
-        return await handler(request)
-    except web.HTTPException as exc:
-        if exc.status < HTTP_ERROR_MIN:
-            raise
-        response = json_error(exc.status, _HTTP_ERRORS.get(exc.status, "bad_request"), exc.reason)
-        for name in _KEPT_HEADERS:
-            if name in exc.headers:
-                response.headers[name] = exc.headers[name]
-        return response
-    except Exception as exc:
-        if storage_unavailable(exc):
-            # Nothing was stored: Telegram, Slack and webhook senders redeliver on a
-            # non-2xx answer, and a stored delivery is deduplicated, never answered twice.
-            log.warning("storage_unavailable", path=request.path, error=type(exc).__name__)
-            response = json_error(
-                503, "unavailable", "the service cannot store messages right now; try again"
-            )
-            response.headers["Retry-After"] = str(STORAGE_RETRY_AFTER_S)
-            return response
-        log.exception(
-            "request_failed", method=request.method, path=request.path, request_id=request_id
-        )
-        return json_error(
-            500,
-            "internal",
-            "internal error; the service log has the details",
-            request_id=request_id,
-        )
-
-
-STORAGE_RETRY_AFTER_S = 1
-
 
 def build_engine(settings: Settings) -> InferenceEngine:
     if settings.engine.kind == "local":

@@ -26,9 +26,9 @@ import structlog
 from aiohttp import web
 
 from bot import systemd
+from bot.app import create_app
 from bot.config import ServerSettings, Settings
 from bot.engine.base import InferenceEngine
-from bot.http.app import create_app
 from bot.http.deadlines import app_runner
 from bot.http.keys import ENGINE
 from bot.http.ops import admin_app, readiness

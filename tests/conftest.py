@@ -176,7 +176,7 @@ async def make_client(
     engine: LocalVLLMEngine, engine_settings: EngineSettings, chat_format: ChatFormat
 ) -> AsyncIterator[MakeClient]:
     """``await make_client(db_url, **sections)``: the real app on 127.0.0.1, shared engine."""
-    from bot.http.app import create_app
+    from bot.app import create_app
 
     clients: list[TestClient[Any, Any]] = []
     serving_sqlite: dict[str, TestClient[Any, Any]] = {}

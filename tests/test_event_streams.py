@@ -17,8 +17,8 @@ import aiohttp
 import pytest
 from sqlalchemy import event
 
+from bot.app import create_app
 from bot.config import EngineSettings
-from bot.http.app import create_app
 from bot.http.keys import SESSIONS, STREAM_READERS, TURN_FOLLOWERS
 from bot.storage.db import is_sqlite
 from bot.turns.chat_format import ChatFormat

@@ -19,8 +19,8 @@ from typing import Any
 
 import aiohttp
 
+from bot.app import create_app
 from bot.config import EngineSettings
-from bot.http.app import create_app
 from bot.storage.db import SQLITE_BUSY_TIMEOUT_MS
 from bot.storage.models import TurnStatus
 from bot.turns.chat_format import ChatFormat

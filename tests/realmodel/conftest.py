@@ -75,7 +75,7 @@ async def make_real_client(
     real_chat_format: ChatFormat,
 ) -> AsyncIterator[MakeClient]:
     """``await make_real_client(db_url)``: the real app on the real model, greedy."""
-    from bot.http.app import create_app
+    from bot.app import create_app
 
     clients: list[TestClient[Any, Any]] = []
 

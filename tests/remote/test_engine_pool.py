@@ -18,9 +18,9 @@ import aiohttp
 import pytest
 import structlog
 
+from bot.app import create_app
 from bot.config import EngineSettings
 from bot.engine.openai_remote import OpenAIRemoteEngine
-from bot.http.app import create_app
 from bot.http.keys import TURNS
 from bot.turns.chat_format import ChatFormat
 from tests.conftest import issue_key, make_settings

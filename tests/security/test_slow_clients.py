@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from bot.app import create_app
 from bot.config import EngineSettings
-from bot.http.app import create_app
 from bot.http.deadlines import LINGERING_S, app_runner
 from bot.turns.chat_format import ChatFormat
 from tests.conftest import issue_key, make_settings
