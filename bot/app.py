@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 import structlog
 from aiohttp import web
 
+from bot.channels.kind import Wiring
 from bot.channels.registry import CHANNELS
 from bot.config import Settings
 from bot.engine.base import InferenceEngine
@@ -21,10 +22,11 @@ from bot.http.keys import (
     CHAT_FORMAT,
     DB_PROBE,
     ENGINE,
+    ENGINE_SETTINGS,
     HTTP_CLIENT,
     READ_SESSIONS,
+    SERVER,
     SESSIONS,
-    SETTINGS,
     TURNS,
     USAGE,
 )
@@ -49,6 +51,7 @@ from bot.web import routes as web_page
 
 log = structlog.get_logger(__name__)
 
+
 def build_engine(settings: Settings) -> InferenceEngine:
     if settings.engine.kind == "local":
         from bot.engine.vllm_local import LocalVLLMEngine
@@ -70,7 +73,8 @@ async def create_app(
         client_max_size=settings.server.max_body_bytes,
         middlewares=[request_context],
     )
-    app[SETTINGS] = settings
+    app[SERVER] = settings.server
+    app[ENGINE_SETTINGS] = settings.engine
     db_engine = create_engine(settings.database.url, echo=settings.database.echo)
     sessions = create_sessionmaker(db_engine)
     app[SESSIONS] = sessions
@@ -150,8 +154,9 @@ async def create_app(
         await db_probe.dispose()
 
     app.cleanup_ctx.append(lifetime)
+    wiring = Wiring(settings.server, turns, http)
     for kind in CHANNELS:
-        kind.routes().setup(app, settings, turns, http)
+        kind.routes().setup(app, kind.tables(settings), wiring)
     web_page.setup(app)
     openapi.setup(app)
     return app

@@ -8,14 +8,14 @@ from contextlib import asynccontextmanager
 
 from aiohttp import web
 
-from bot.http.keys import SETTINGS
+from bot.http.keys import SERVER
 from bot.serve import main_runner
 
 
 @asynccontextmanager
 async def serving(app: web.Application) -> AsyncIterator[str]:
     """Serve ``app`` on a free loopback port with the production runner; yields its base URL."""
-    runner = main_runner(app, app[SETTINGS].server)
+    runner = main_runner(app, app[SERVER])
     await runner.setup()
     try:
         await web.TCPSite(runner, "127.0.0.1", 0).start()

@@ -25,7 +25,7 @@ from bot.turns.service import TurnService
 from bot.turns.timing import LayerClock
 
 if TYPE_CHECKING:
-    from bot.config import ServerSettings
+    from bot.http.settings import ServerSettings
 
 ID_MAX = 200
 """The longest conversation, message or user id a client may send."""

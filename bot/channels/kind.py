@@ -6,8 +6,9 @@ type of one ``[[section]]`` table, when the channel is configured per instance),
 the turn service) and, where the platform's credentials can be checked from
 here, ``doctor.py`` (``check``). ``bot.channels.registry`` lists the kinds.
 
-Routes and doctor checks are imported when used: the settings read the kinds'
-table types, and the routes use the settings, so eager imports would be a cycle.
+Routes and doctor checks are imported when used: every routes module imports the
+registry for its kind, and ``bot.config`` reads the registry for the table types
+without loading the whole service.
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ from pydantic import AfterValidator, Field
 
 if TYPE_CHECKING:
     import aiohttp
+    from pydantic import BaseModel
 
-    from bot.config import Settings
+    from bot.http.settings import ServerSettings
     from bot.turns.replies import Channel
     from bot.turns.service import TurnService
 
@@ -31,7 +33,17 @@ Table = TypeVar("Table")
 Opened = TypeVar("Opened", bound="Channel")
 DoctorCheck = Callable[["aiohttp.ClientSession", Any, "str | None"], Awaitable[str]]
 """``check(http, table, public_url)``: one line on the platform's view of the table's
-credentials and webhook; raises ``bot.doctor.report.DoctorFailure`` when wrong."""
+credentials and webhook; raises ``bot.errors.DoctorFailure`` when wrong."""
+
+
+@dataclass(frozen=True)
+class Wiring:
+    """What every channel's ``routes.setup`` is given beside its own tables."""
+
+    server: ServerSettings
+    turns: TurnService
+    http: aiohttp.ClientSession
+    """The outbound client the platforms' APIs and callbacks are called with."""
 
 
 def unique_names(tables: list[Any]) -> list[Any]:
@@ -59,20 +71,21 @@ class ChannelKind(Generic[Table]):
         field_type = Annotated[list[self.table], AfterValidator(unique_names)]  # type: ignore[name-defined]
         return field_type, Field(default_factory=list)
 
-    def tables(self, settings: Settings) -> list[Table]:
+    def tables(self, settings: BaseModel) -> list[Table]:
+        """Its tables in the loaded configuration (``bot.config.Settings``, read by name)."""
         return cast(list[Table], getattr(settings, self.section)) if self.section else []
 
     def register(
-        self, settings: Settings, turns: TurnService, open_channel: Callable[[Table], Opened]
+        self, tables: list[Table], turns: TurnService, open_channel: Callable[[Table], Opened]
     ) -> list[Opened]:
         """One turn channel per configured table, each registered with the turn service."""
-        channels = [open_channel(table) for table in self.tables(settings)]
+        channels = [open_channel(table) for table in tables]
         for channel in channels:
             turns.register_channel(channel)
         return channels
 
     def routes(self) -> Any:
-        """Its ``routes`` module: ``setup(app, settings, turns, http)``."""
+        """Its ``routes`` module: ``setup(app, tables, wiring)``."""
         return importlib.import_module(f"bot.channels.{self.name}.routes")
 
     @property

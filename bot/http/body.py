@@ -8,9 +8,9 @@ from typing import Any
 
 from aiohttp import web
 
-from bot.config import DEFAULT_BODY_TIMEOUT_S
 from bot.http.errors import json_error
-from bot.http.keys import SETTINGS
+from bot.http.keys import SERVER
+from bot.http.settings import DEFAULT_BODY_TIMEOUT_S
 
 
 class BodyError(Exception):
@@ -31,8 +31,8 @@ async def read_body(request: web.Request, limit: int) -> bytes:
         raise BodyError(
             json_error(413, "too_large", f"body of {request.content_length} bytes exceeds {limit}")
         )
-    settings = request.config_dict.get(SETTINGS)
-    timeout_s = settings.server.body_timeout_s if settings else DEFAULT_BODY_TIMEOUT_S
+    server = request.config_dict.get(SERVER)
+    timeout_s = server.body_timeout_s if server else DEFAULT_BODY_TIMEOUT_S
     try:
         async with asyncio.timeout(timeout_s):
             return await request.read()

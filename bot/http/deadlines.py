@@ -28,7 +28,7 @@ from typing import Any
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
-from bot.config import ServerSettings
+from bot.http.settings import ServerSettings
 
 # aiohttp's default is 10 s; a client that is still sending after its answer went
 # out gets this long to stop before the connection closes under it.

@@ -6,15 +6,18 @@ import aiohttp
 from aiohttp import web
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
-from bot.config import Settings
 from bot.engine.base import InferenceEngine
+from bot.engine.settings import EngineSettings
 from bot.http.readers import EventStreamReaders
+from bot.http.settings import ServerSettings
 from bot.turns.chat_format import ChatFormatSource
 from bot.turns.followers import TurnFollowers
 from bot.turns.service import TurnService
 from bot.turns.usage import UsageReports
 
-SETTINGS = web.AppKey("settings", Settings)
+SERVER = web.AppKey("server", ServerSettings)
+ENGINE_SETTINGS = web.AppKey("engine_settings", EngineSettings)
+"""The model the OpenAI-compatible routes serve and accept by name."""
 SESSIONS = web.AppKey("sessions", async_sessionmaker[AsyncSession])
 READ_SESSIONS = web.AppKey("read_sessions", async_sessionmaker[AsyncSession])
 """Sessions of handlers that only read: on SQLite they never wait for, or hold, the write lock."""

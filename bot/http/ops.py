@@ -25,7 +25,7 @@ from sqlalchemy import text
 
 from bot.apikeys import authenticate
 from bot.http.errors import json_error
-from bot.http.keys import DB_PROBE, ENGINE, READ_SESSIONS, SESSIONS, SETTINGS, TURNS
+from bot.http.keys import DB_PROBE, ENGINE, READ_SESSIONS, SERVER, SESSIONS, TURNS
 from bot.metrics import CONTENT_TYPE, BotMetrics
 
 log = structlog.get_logger(__name__)
@@ -144,7 +144,7 @@ async def drain(app: web.Application) -> None:
     """
     state = app[OPS_STATE]
     state.draining = True
-    grace = app[SETTINGS].server.shutdown_grace_s
+    grace = app[SERVER].shutdown_grace_s
     turns = app[TURNS]
     in_flight = turns.in_flight
     started = time.perf_counter()

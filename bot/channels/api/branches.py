@@ -19,7 +19,7 @@ from bot.channels.api.auth import authenticate_chat
 from bot.channels.api.streaming import reserve_stream, stream_turn, wants_event_stream
 from bot.channels.ingress import PostedText, rate_limited, read_posted
 from bot.http.errors import json_error
-from bot.http.keys import SETTINGS, TURNS
+from bot.http.keys import SERVER, TURNS
 from bot.turns.branching import Edit, ForkRefused
 from bot.turns.service import Accepted
 
@@ -82,7 +82,7 @@ async def edit(request: web.Request) -> web.StreamResponse:
     principal = await authenticate_chat(request)
     if isinstance(principal, web.Response):
         return principal
-    body = await read_posted(request, PostedText, request.app[SETTINGS].server)
+    body = await read_posted(request, PostedText, request.app[SERVER])
     if isinstance(body, web.Response):
         return body
     return await _answer(request, Edit(body.text), principal)

@@ -7,7 +7,6 @@ with ``error`` and ``reason``; nothing is stored for a refused request.
 
 from __future__ import annotations
 
-import aiohttp
 from aiohttp import web
 from pydantic import Field
 
@@ -18,12 +17,12 @@ from bot.channels.api.history import turn_document
 from bot.channels.api.streaming import reserve_stream, stream_turn, wants_event_stream
 from bot.channels.base import InboundMessage, SilentChannel
 from bot.channels.ingress import ID_MAX, IngressClock, PostedMessage, rate_limited, read_posted
+from bot.channels.kind import Wiring
 from bot.channels.registry import API
-from bot.config import Settings
 from bot.http.errors import json_error
 from bot.http.keys import (
     READ_SESSIONS,
-    SETTINGS,
+    SERVER,
     STREAM_READERS,
     TURN_FOLLOWERS,
     TURNS,
@@ -34,7 +33,7 @@ from bot.storage.models import Turn
 from bot.storage.queries import get_turn_for_owner
 from bot.turns.branching import attempts_of
 from bot.turns.followers import TurnFollowers
-from bot.turns.service import TurnService, api_event_id
+from bot.turns.service import api_event_id
 
 
 class ApiMessage(PostedMessage):
@@ -45,13 +44,12 @@ class ApiMessage(PostedMessage):
 
 
 async def post_message(request: web.Request) -> web.StreamResponse:
-    settings = request.app[SETTINGS]
     clock = IngressClock(request)
     with clock.measure("auth"):
         principal = await authenticate_chat(request)
     if isinstance(principal, web.Response):
         return principal
-    message = await read_posted(request, ApiMessage, settings.server)
+    message = await read_posted(request, ApiMessage, request.app[SERVER])
     if isinstance(message, web.Response):
         return message
     turns = request.app[TURNS]
@@ -180,12 +178,10 @@ async def turn_events(request: web.Request) -> web.StreamResponse:
     return await stream_turn(request, turn.id, _resume_offset(request), slot)
 
 
-def setup(
-    app: web.Application, settings: Settings, turns: TurnService, http: aiohttp.ClientSession
-) -> None:
-    turns.register_channel(SilentChannel(API.name))
-    readers = EventStreamReaders(settings.server.max_streams_per_key)
-    followers = TurnFollowers(app[READ_SESSIONS], turns.streams)
+def setup(app: web.Application, tables: list[None], wiring: Wiring) -> None:
+    wiring.turns.register_channel(SilentChannel(API.name))
+    readers = EventStreamReaders(wiring.server.max_streams_per_key)
+    followers = TurnFollowers(app[READ_SESSIONS], wiring.turns.streams)
     app[STREAM_READERS] = readers
     app[TURN_FOLLOWERS] = followers
     app[METRICS].track_streams(lambda: readers.count, lambda: followers.pollers)

@@ -11,7 +11,7 @@ from aiohttp import web
 
 from bot.apikeys import Principal
 from bot.http.errors import json_error
-from bot.http.keys import SETTINGS, STREAM_READERS, TURN_FOLLOWERS
+from bot.http.keys import SERVER, STREAM_READERS, TURN_FOLLOWERS
 from bot.http.readers import StreamSlot
 from bot.http.sse import event_stream_response, pump_events
 
@@ -49,7 +49,7 @@ async def stream_turn(
             response,
             request.app[TURN_FOLLOWERS].follow(turn_id, offset),
             gone=slot.gone,
-            keepalive_s=request.app[SETTINGS].server.sse_keepalive_s,
+            keepalive_s=request.app[SERVER].sse_keepalive_s,
         )
         if finished:
             await response.write_eof()

@@ -25,7 +25,7 @@ from bot.channels.openai.ingress import (
     start_turn,
 )
 from bot.channels.openai.requests import ChatCompletionRequest, fold_messages
-from bot.http.keys import SETTINGS, TURN_FOLLOWERS, TURNS
+from bot.http.keys import ENGINE_SETTINGS, TURN_FOLLOWERS, TURNS
 from bot.http.sse import open_event_stream
 
 API_NAME = "chat.completions"
@@ -48,18 +48,17 @@ def usage(outcome: Outcome) -> dict[str, Any]:
 
 
 async def create_chat_completion(request: web.Request) -> web.StreamResponse:
-    settings = request.app[SETTINGS]
     try:
         admitted, body = await admit(request, ChatCompletionRequest)
         folded = fold_messages(body.messages, "messages")
-        check_text(settings, folded.pending)
+        check_text(request, folded.pending)
         thread = await find_thread(request, admitted, folded.exchanges)
         started = await start_turn(
             request, admitted, thread=thread, text=folded.pending, api=API_NAME, user_id=body.user
         )
     except RequestRefused as exc:
         return exc.response
-    model = served_model(settings)
+    model = served_model(request.app[ENGINE_SETTINGS])
     if body.stream:
         return await _stream(request, started, model, include_usage=body.include_usage)
     outcome = await settled(request.app[TURN_FOLLOWERS], started.turn_id)

@@ -26,14 +26,15 @@ from bot.channels.openai.messages import Exchange
 from bot.channels.openai.requests import Request, parse
 from bot.channels.openai.threads import Continuation, Thread, record, resolve
 from bot.channels.registry import OPENAI
-from bot.config import Settings
+from bot.engine.settings import EngineSettings
 from bot.errors import ErrorClass
 from bot.http.body import BodyError, parse_json_object, read_body
 from bot.http.keys import (
     CHAT_FORMAT,
+    ENGINE_SETTINGS,
     READ_SESSIONS,
+    SERVER,
     SESSIONS,
-    SETTINGS,
     TURNS,
 )
 from bot.storage.models import Conversation
@@ -41,18 +42,17 @@ from bot.storage.models import Conversation
 log = structlog.get_logger(__name__)
 
 
-def served_model(settings: Settings) -> str:
+def served_model(engine: EngineSettings) -> str:
     """The model id clients name: ``engine.served_model_name``, else the model (folder name)."""
-    engine = settings.engine
     if engine.served_model_name:
         return engine.served_model_name
     path = Path(engine.model)
     return path.name if path.is_absolute() or path.exists() else engine.model
 
 
-def check_model(settings: Settings, model: Any) -> None:
-    served = served_model(settings)
-    if model not in {served, settings.engine.model}:
+def check_model(engine: EngineSettings, model: Any) -> None:
+    served = served_model(engine)
+    if model not in {served, engine.model}:
         raise RequestRefused(
             openai_error(
                 404,
@@ -94,19 +94,18 @@ class Admitted:
 async def admit(request: web.Request, request_type: type[Request]) -> tuple[Admitted, Request]:
     """Authenticate, read the body as ``request_type`` and check the model it names;
     raises ``RequestRefused`` with the OpenAI answer."""
-    settings = request.app[SETTINGS]
     clock = IngressClock(request)
     with clock.measure("auth"):
         principal = await authenticate_request(request)
     try:
-        document = parse_json_object(await read_body(request, settings.server.max_body_bytes))
+        document = parse_json_object(await read_body(request, request.app[SERVER].max_body_bytes))
     except BodyError as exc:
         status = exc.response.status
         reason = exc.response.text or "unusable body"
         code = "too_large" if status == 413 else ErrorClass.BAD_REQUEST.value
         raise RequestRefused(openai_error(status, reason, code)) from None
     body = parse(request_type, document)
-    check_model(settings, body.model)
+    check_model(request.app[ENGINE_SETTINGS], body.model)
     return Admitted(principal, clock), body
 
 
@@ -125,8 +124,8 @@ async def find_thread(
     return thread
 
 
-def check_text(settings: Settings, text: str) -> None:
-    limit = settings.server.max_text_chars
+def check_text(request: web.Request, text: str) -> None:
+    limit = request.app[SERVER].max_text_chars
     if len(text) > limit:
         raise bad_request(f"The new message has {len(text)} characters; the limit is {limit}.")
 

@@ -44,7 +44,7 @@ from bot.channels.openai.threads import (
     hash_after,
     is_latest_turn,
 )
-from bot.http.keys import SESSIONS, SETTINGS, TURN_FOLLOWERS, TURNS
+from bot.http.keys import ENGINE_SETTINGS, SESSIONS, TURN_FOLLOWERS, TURNS
 from bot.http.sse import open_event_stream
 from bot.storage.models import TurnStatus
 from bot.storage.queries import as_utc
@@ -200,7 +200,6 @@ async def _previous_thread(
 
 
 async def create_response(request: web.Request) -> web.StreamResponse:
-    settings = request.app[SETTINGS]
     try:
         admitted, body = await admit(request, ResponsesRequest)
         folded = fold_messages(input_messages(body), "input")
@@ -211,7 +210,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
         else:
             text = folded.pending
             thread = await find_thread(request, admitted, folded.exchanges)
-        check_text(settings, text)
+        check_text(request, text)
         started = await start_turn(
             request,
             admitted,
@@ -225,7 +224,10 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     except RequestRefused as exc:
         return exc.response
     fields = ResponseMeta(
-        served_model(settings), time.time(), body.previous_response_id, body.store
+        served_model(request.app[ENGINE_SETTINGS]),
+        time.time(),
+        body.previous_response_id,
+        body.store,
     )
     if body.stream:
         return await _stream(request, started, fields)
@@ -307,7 +309,7 @@ async def get_response(request: web.Request) -> web.Response:
         )
     turn = stored.turn
     fields = ResponseMeta(
-        served_model(request.app[SETTINGS]),
+        served_model(request.app[ENGINE_SETTINGS]),
         as_utc(turn.created_at).timestamp(),
         stored.exchange.previous_response_id,
         stored.exchange.stored,

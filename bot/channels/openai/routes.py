@@ -4,19 +4,17 @@ from __future__ import annotations
 
 import time
 
-import aiohttp
 from aiohttp import web
 
 from bot.channels.base import SilentChannel
+from bot.channels.kind import Wiring
 from bot.channels.openai.chat_completions import create_chat_completion
 from bot.channels.openai.errors import RequestRefused, openai_error
 from bot.channels.openai.ingress import authenticate_request, served_model
 from bot.channels.openai.responses import create_response, get_response
 from bot.channels.registry import OPENAI
-from bot.config import Settings
 from bot.errors import ErrorClass
-from bot.http.keys import SETTINGS
-from bot.turns.service import TurnService
+from bot.http.keys import ENGINE_SETTINGS
 
 MODEL_OWNER = "llm-chat-bot"
 
@@ -31,7 +29,7 @@ async def _served_model(request: web.Request) -> str | web.Response:
         await authenticate_request(request)
     except RequestRefused as exc:
         return exc.response
-    return served_model(request.app[SETTINGS])
+    return served_model(request.app[ENGINE_SETTINGS])
 
 
 async def list_models(request: web.Request) -> web.Response:
@@ -54,10 +52,8 @@ async def retrieve_model(request: web.Request) -> web.Response:
     return web.json_response(_model_document(model))
 
 
-def setup(
-    app: web.Application, settings: Settings, turns: TurnService, http: aiohttp.ClientSession
-) -> None:
-    turns.register_channel(SilentChannel(OPENAI.name))
+def setup(app: web.Application, tables: list[None], wiring: Wiring) -> None:
+    wiring.turns.register_channel(SilentChannel(OPENAI.name))
     app.router.add_post("/v1/chat/completions", create_chat_completion)
     app.router.add_post("/v1/responses", create_response)
     app.router.add_get("/v1/responses/{response_id}", get_response)

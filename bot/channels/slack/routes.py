@@ -24,12 +24,12 @@ from __future__ import annotations
 
 from urllib.parse import parse_qs
 
-import aiohttp
 import structlog
 from aiohttp import web
 
 from bot.channels.access import GROUPS_OFF_TEXT, NOT_ALLOWED_TEXT, REFUSAL_CLASS
 from bot.channels.ingress import IngressClock, declined_too_long, too_long
+from bot.channels.kind import Wiring
 from bot.channels.registry import SLACK
 from bot.channels.slack.channel import SlackChannel
 from bot.channels.slack.commands import (
@@ -49,10 +49,10 @@ from bot.channels.slack.payloads import (
 )
 from bot.channels.slack.settings import SlackAppSettings
 from bot.channels.slack.signing import SignedBody, pick_app, read_signed_body
-from bot.config import Settings
 from bot.http.body import BodyError, load_json, read_body
 from bot.http.errors import json_error
 from bot.http.keys import USAGE
+from bot.http.settings import ServerSettings
 from bot.turns.service import TurnService
 
 log = structlog.get_logger(__name__)
@@ -66,11 +66,11 @@ class SlackRoutes:
     """The two request handlers, holding the configured apps."""
 
     def __init__(
-        self, channels: list[SlackChannel], turns: TurnService, settings: Settings
+        self, channels: list[SlackChannel], turns: TurnService, server: ServerSettings
     ) -> None:
         self._channels = channels
         self._turns = turns
-        self._server = settings.server
+        self._server = server
 
     async def events(self, request: web.Request) -> web.StreamResponse:
         clock = IngressClock(request)
@@ -244,11 +244,9 @@ def _ephemeral(text: str) -> web.Response:
     return web.json_response({"response_type": "ephemeral", "text": text})
 
 
-def setup(
-    app: web.Application, settings: Settings, turns: TurnService, http: aiohttp.ClientSession
-) -> None:
-    channels = SLACK.register(settings, turns, lambda table: SlackChannel(table, http))
+def setup(app: web.Application, tables: list[SlackAppSettings], wiring: Wiring) -> None:
+    channels = SLACK.register(tables, wiring.turns, lambda table: SlackChannel(table, wiring.http))
     if channels:
-        routes = SlackRoutes(channels, turns, settings)
+        routes = SlackRoutes(channels, wiring.turns, wiring.server)
         app.router.add_post(EVENTS_PATH, routes.events)
         app.router.add_post(COMMANDS_PATH, routes.commands)

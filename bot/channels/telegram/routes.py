@@ -18,13 +18,13 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import aiohttp
 import structlog
 from aiohttp import web
 
 from bot.channels.access import GROUPS_OFF_TEXT, NOT_ALLOWED_TEXT, REFUSAL_CLASS
 from bot.channels.base import InboundMessage
 from bot.channels.ingress import IngressClock, declined_too_long
+from bot.channels.kind import Wiring
 from bot.channels.registry import TELEGRAM
 from bot.channels.telegram.api import TelegramApi, TelegramApiError
 from bot.channels.telegram.channel import TelegramChannel
@@ -40,13 +40,11 @@ from bot.channels.telegram.payloads import (
     sender_of,
 )
 from bot.channels.telegram.settings import TelegramBotSettings
-from bot.config import Settings
 from bot.errors import ErrorClass
 from bot.http.body import BodyError, parse_json_object, read_body
 from bot.http.errors import json_error
-from bot.http.keys import SETTINGS, TURNS, USAGE
+from bot.http.keys import SERVER, TURNS, USAGE
 from bot.turns.branching import ForkRefused
-from bot.turns.service import TurnService
 
 log = structlog.get_logger(__name__)
 
@@ -159,9 +157,9 @@ async def post_update(request: web.Request) -> web.Response:
         log.warning("telegram_bad_secret", bot=bot.settings.name)
         return json_error(401, "auth", f"missing or wrong {SECRET_HEADER}")
 
-    settings = request.app[SETTINGS]
+    server = request.app[SERVER]
     try:
-        update = parse_json_object(await read_body(request, settings.server.max_body_bytes))
+        update = parse_json_object(await read_body(request, server.max_body_bytes))
     except BodyError as exc:
         return exc.response
     update_id = update.get("update_id")
@@ -231,7 +229,7 @@ async def post_update(request: web.Request) -> web.Response:
                 bot.send_notice(parsed, notice)
         return web.Response(status=200)
 
-    if declined_too_long(request.app[TURNS], parsed, settings.server.max_text_chars):
+    if declined_too_long(request.app[TURNS], parsed, server.max_text_chars):
         log.info("telegram_declined", reason="text too long", **log_fields)
         return web.Response(status=200)
     message = dataclasses.replace(
@@ -256,13 +254,11 @@ async def post_update(request: web.Request) -> web.Response:
     return web.Response(status=200)
 
 
-def setup(
-    app: web.Application, settings: Settings, turns: TurnService, http: aiohttp.ClientSession
-) -> None:
+def setup(app: web.Application, tables: list[TelegramBotSettings], wiring: Wiring) -> None:
     channels = TELEGRAM.register(
-        settings,
-        turns,
-        lambda table: TelegramChannel(table, TelegramApi.from_settings(http, table)),
+        tables,
+        wiring.turns,
+        lambda table: TelegramChannel(table, TelegramApi.from_settings(wiring.http, table)),
     )
     bots = {bot.settings.name: TelegramBot(bot.settings, bot.api) for bot in channels}
     for bot in channels:

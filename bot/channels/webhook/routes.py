@@ -14,7 +14,6 @@
 
 from __future__ import annotations
 
-import aiohttp
 import structlog
 from aiohttp import web
 from pydantic import Field
@@ -27,12 +26,14 @@ from bot.channels.ingress import (
     rate_limited,
     read_posted,
 )
+from bot.channels.kind import Wiring
 from bot.channels.registry import WEBHOOK
 from bot.channels.webhook.channel import WebhookChannel
+from bot.channels.webhook.settings import WebhookSettings
 from bot.channels.webhook.signing import SIGNATURE_HEADER, TIMESTAMP_HEADER, verify_any
-from bot.config import Settings
 from bot.http.body import BodyError, read_body
 from bot.http.errors import json_error
+from bot.http.settings import ServerSettings
 from bot.turns.service import TurnService
 
 log = structlog.get_logger(__name__)
@@ -45,11 +46,11 @@ class WebhookMessage(PostedMessage):
 
 class WebhookEvents:
     def __init__(
-        self, channels: list[WebhookChannel], turns: TurnService, settings: Settings
+        self, channels: list[WebhookChannel], turns: TurnService, server: ServerSettings
     ) -> None:
         self._channels = {channel.settings.name: channel for channel in channels}
         self._turns = turns
-        self._server = settings.server
+        self._server = server
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         clock = IngressClock(request)
@@ -106,9 +107,10 @@ class WebhookEvents:
         )
 
 
-def setup(
-    app: web.Application, settings: Settings, turns: TurnService, http: aiohttp.ClientSession
-) -> None:
-    channels = WEBHOOK.register(settings, turns, lambda table: WebhookChannel(table, http))
+def setup(app: web.Application, tables: list[WebhookSettings], wiring: Wiring) -> None:
+    channels = WEBHOOK.register(
+        tables, wiring.turns, lambda table: WebhookChannel(table, wiring.http)
+    )
     if channels:
-        app.router.add_post("/webhooks/{name}", WebhookEvents(channels, turns, settings).handle)
+        events = WebhookEvents(channels, wiring.turns, wiring.server)
+        app.router.add_post("/webhooks/{name}", events.handle)
