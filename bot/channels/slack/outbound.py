@@ -9,6 +9,8 @@ caller decides whether the call is still worth making.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -121,31 +123,32 @@ class Outbound:
             self.pacer.block(self._keys(exc.method, target, None)[0], exc.retry_after)
         return exc
 
+    @contextlib.asynccontextmanager
+    async def _paced(self, method: str, target: ReplyTarget, ts: str | None) -> AsyncIterator[None]:
+        await self._pace(method, target, ts)
+        try:
+            yield
+        except SlackCallError as exc:
+            raise self._blocked(exc, target) from None
+
     # -- calls ---------------------------------------------------------------------
 
     async def post(
         self, target: ReplyTarget, text: str, blocks: list[dict[str, Any]] | None = None
     ) -> str:
-        await self._pace("chat.postMessage", target, None)
-        try:
+        async with self._paced("chat.postMessage", target, None):
             return await self.api.post_message(
                 channel=target.channel_id, text=text, thread_ts=target.thread_ts, blocks=blocks
             )
-        except SlackCallError as exc:
-            raise self._blocked(exc, target) from None
 
     async def update(
         self, target: ReplyTarget, ts: str, text: str, blocks: list[dict[str, Any]] | None = None
     ) -> None:
-        await self._pace("chat.update", target, ts)
-        try:
+        async with self._paced("chat.update", target, ts):
             await self.api.update(channel=target.channel_id, ts=ts, text=text, blocks=blocks)
-        except SlackCallError as exc:
-            raise self._blocked(exc, target) from None
 
     async def start_stream(self, target: ReplyTarget, markdown_text: str) -> str:
-        await self._pace("chat.startStream", target, None)
-        try:
+        async with self._paced("chat.startStream", target, None):
             return await self.api.start_stream(
                 channel=target.channel_id,
                 thread_ts=target.stream_thread_ts,
@@ -153,23 +156,15 @@ class Outbound:
                 recipient_team_id=target.team_id,
                 recipient_user_id=target.user_id,
             )
-        except SlackCallError as exc:
-            raise self._blocked(exc, target) from None
 
     async def append_stream(self, target: ReplyTarget, ts: str, markdown_text: str) -> None:
-        await self._pace("chat.appendStream", target, ts)
-        try:
+        async with self._paced("chat.appendStream", target, ts):
             await self.api.append_stream(
                 channel=target.channel_id, ts=ts, markdown_text=markdown_text
             )
-        except SlackCallError as exc:
-            raise self._blocked(exc, target) from None
 
     async def stop_stream(self, target: ReplyTarget, ts: str, markdown_text: str | None) -> None:
-        await self._pace("chat.stopStream", target, ts)
-        try:
+        async with self._paced("chat.stopStream", target, ts):
             await self.api.stop_stream(
                 channel=target.channel_id, ts=ts, markdown_text=markdown_text
             )
-        except SlackCallError as exc:
-            raise self._blocked(exc, target) from None
