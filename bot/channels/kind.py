@@ -76,12 +76,12 @@ class ChannelKind(Generic[Table]):
         return cast(list[Table], getattr(settings, self.section)) if self.section else []
 
     def register(
-        self, tables: list[Table], turns: TurnService, open_channel: Callable[[Table], Opened]
+        self, tables: list[Table], wiring: Wiring, open_channel: Callable[[Table], Opened]
     ) -> list[Opened]:
         """One turn channel per configured table, each registered with the turn service."""
         channels = [open_channel(table) for table in tables]
         for channel in channels:
-            turns.register_channel(channel)
+            wiring.turns.register_channel(channel)
         return channels
 
     def routes(self) -> Any:

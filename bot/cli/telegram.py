@@ -23,26 +23,16 @@ from bot.channels.telegram.api import TelegramApi, TelegramApiError
 from bot.channels.telegram.doctor import webhook_url
 from bot.channels.telegram.payloads import HANDLED_UPDATE_TYPES
 from bot.channels.telegram.settings import TelegramBotSettings
-from bot.config import ConfigError, Settings, load_settings
+from bot.cli.common import Context
 
 SECRET_BYTES = 32
 """``token_urlsafe(32)``: 43 characters of ``A-Za-z0-9_-``, what Telegram allows in a secret."""
 
 
-def _settings(ctx: click.Context) -> Settings:
-    # botctl's root context carries the loaded settings; standalone, load the defaults.
-    root = ctx.find_root().obj
-    if root is not None and hasattr(root, "settings"):
-        settings: Settings = root.settings
-        return settings
-    try:
-        return load_settings(None)
-    except ConfigError as exc:
-        raise click.ClickException(str(exc)) from exc
-
-
 def _bot(ctx: click.Context, name: str) -> TelegramBotSettings:
-    bots = {bot.name: bot for bot in TELEGRAM.tables(_settings(ctx))}
+    # botctl's root context carries the loaded settings; standalone, load the defaults.
+    settings = (ctx.find_root().obj or Context(None)).settings
+    bots = {bot.name: bot for bot in TELEGRAM.tables(settings)}
     if name not in bots:
         known = ", ".join(sorted(bots)) or "none configured"
         raise click.ClickException(f"no [[telegram]] bot named {name!r} (known: {known})")

@@ -10,6 +10,5 @@ usual causes.
 
 from bot.doctor.report import CheckResult, render_json, render_text
 from bot.doctor.walk import run_doctor
-from bot.errors import DoctorFailure
 
-__all__ = ["CheckResult", "DoctorFailure", "render_json", "render_text", "run_doctor"]
+__all__ = ["CheckResult", "render_json", "render_text", "run_doctor"]

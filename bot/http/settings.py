@@ -1,8 +1,6 @@
-"""The ``[server]`` table: listening address, request limits and slow-client deadlines.
+"""The ``[server]`` table: address, request limits, slow-client deadlines.
 
-It lives below the channels (which read its limits) so that nothing under
-``bot/channels`` or ``bot/http`` needs the whole configuration (``bot.config``).
-"""
+Below the channels, which read it, so that they need nothing from ``bot.config``."""
 
 from __future__ import annotations
 

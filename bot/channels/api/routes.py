@@ -20,13 +20,7 @@ from bot.channels.ingress import ID_MAX, IngressClock, PostedMessage, rate_limit
 from bot.channels.kind import Wiring
 from bot.channels.registry import API
 from bot.http.errors import json_error
-from bot.http.keys import (
-    READ_SESSIONS,
-    SERVER,
-    STREAM_READERS,
-    TURN_FOLLOWERS,
-    TURNS,
-)
+from bot.http.keys import READ_SESSIONS, SERVER, STREAM_READERS, TURN_FOLLOWERS, TURNS
 from bot.http.ops import METRICS
 from bot.http.readers import EventStreamReaders
 from bot.storage.models import Turn

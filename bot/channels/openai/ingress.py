@@ -29,14 +29,7 @@ from bot.channels.registry import OPENAI
 from bot.engine.settings import EngineSettings
 from bot.errors import ErrorClass
 from bot.http.body import BodyError, parse_json_object, read_body
-from bot.http.keys import (
-    CHAT_FORMAT,
-    ENGINE_SETTINGS,
-    READ_SESSIONS,
-    SERVER,
-    SESSIONS,
-    TURNS,
-)
+from bot.http.keys import CHAT_FORMAT, ENGINE_SETTINGS, READ_SESSIONS, SERVER, SESSIONS, TURNS
 from bot.storage.models import Conversation
 
 log = structlog.get_logger(__name__)

@@ -52,8 +52,6 @@ from bot.channels.slack.signing import SignedBody, pick_app, read_signed_body
 from bot.http.body import BodyError, load_json, read_body
 from bot.http.errors import json_error
 from bot.http.keys import USAGE
-from bot.http.settings import ServerSettings
-from bot.turns.service import TurnService
 
 log = structlog.get_logger(__name__)
 
@@ -65,12 +63,10 @@ FORM_CONTENT_TYPE = "application/x-www-form-urlencoded"
 class SlackRoutes:
     """The two request handlers, holding the configured apps."""
 
-    def __init__(
-        self, channels: list[SlackChannel], turns: TurnService, server: ServerSettings
-    ) -> None:
+    def __init__(self, channels: list[SlackChannel], wiring: Wiring) -> None:
         self._channels = channels
-        self._turns = turns
-        self._server = server
+        self._turns = wiring.turns
+        self._server = wiring.server
 
     async def events(self, request: web.Request) -> web.StreamResponse:
         clock = IngressClock(request)
@@ -245,8 +241,8 @@ def _ephemeral(text: str) -> web.Response:
 
 
 def setup(app: web.Application, tables: list[SlackAppSettings], wiring: Wiring) -> None:
-    channels = SLACK.register(tables, wiring.turns, lambda table: SlackChannel(table, wiring.http))
+    channels = SLACK.register(tables, wiring, lambda table: SlackChannel(table, wiring.http))
     if channels:
-        routes = SlackRoutes(channels, wiring.turns, wiring.server)
+        routes = SlackRoutes(channels, wiring)
         app.router.add_post(EVENTS_PATH, routes.events)
         app.router.add_post(COMMANDS_PATH, routes.commands)

@@ -257,7 +257,7 @@ async def post_update(request: web.Request) -> web.Response:
 def setup(app: web.Application, tables: list[TelegramBotSettings], wiring: Wiring) -> None:
     channels = TELEGRAM.register(
         tables,
-        wiring.turns,
+        wiring,
         lambda table: TelegramChannel(table, TelegramApi.from_settings(wiring.http, table)),
     )
     bots = {bot.settings.name: TelegramBot(bot.settings, bot.api) for bot in channels}

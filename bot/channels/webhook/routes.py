@@ -33,8 +33,6 @@ from bot.channels.webhook.settings import WebhookSettings
 from bot.channels.webhook.signing import SIGNATURE_HEADER, TIMESTAMP_HEADER, verify_any
 from bot.http.body import BodyError, read_body
 from bot.http.errors import json_error
-from bot.http.settings import ServerSettings
-from bot.turns.service import TurnService
 
 log = structlog.get_logger(__name__)
 
@@ -45,12 +43,10 @@ class WebhookMessage(PostedMessage):
 
 
 class WebhookEvents:
-    def __init__(
-        self, channels: list[WebhookChannel], turns: TurnService, server: ServerSettings
-    ) -> None:
+    def __init__(self, channels: list[WebhookChannel], wiring: Wiring) -> None:
         self._channels = {channel.settings.name: channel for channel in channels}
-        self._turns = turns
-        self._server = server
+        self._turns = wiring.turns
+        self._server = wiring.server
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         clock = IngressClock(request)
@@ -108,9 +104,6 @@ class WebhookEvents:
 
 
 def setup(app: web.Application, tables: list[WebhookSettings], wiring: Wiring) -> None:
-    channels = WEBHOOK.register(
-        tables, wiring.turns, lambda table: WebhookChannel(table, wiring.http)
-    )
+    channels = WEBHOOK.register(tables, wiring, lambda table: WebhookChannel(table, wiring.http))
     if channels:
-        events = WebhookEvents(channels, wiring.turns, wiring.server)
-        app.router.add_post("/webhooks/{name}", events.handle)
+        app.router.add_post("/webhooks/{name}", WebhookEvents(channels, wiring).handle)
