@@ -17,14 +17,13 @@ from __future__ import annotations
 from typing import Any
 
 from aiohttp import web
-from sqlalchemy import select
 
 from bot.channels.api.auth import authenticate_chat
 from bot.channels.registry import API
 from bot.errors import USER_MESSAGES, ErrorClass
 from bot.http.keys import READ_SESSIONS
-from bot.storage.models import Conversation, Turn
-from bot.storage.queries import recent_turns
+from bot.storage.models import Turn
+from bot.storage.queries import find_open_conversation, recent_turns
 from bot.turns.branching import tree_view
 from bot.turns.ending import usage
 
@@ -73,16 +72,9 @@ async def conversation_turns(request: web.Request) -> web.Response:
         return principal
     key = request.match_info["conversation_id"]
     async with request.app[READ_SESSIONS]() as session:
-        found = (
-            await session.execute(
-                select(Conversation).where(
-                    Conversation.owner == principal.owner,
-                    Conversation.channel == API.name,
-                    Conversation.external_key == key,
-                    Conversation.closed_at.is_(None),
-                )
-            )
-        ).scalar_one_or_none()
+        found = await find_open_conversation(
+            session, owner=principal.owner, channel=API.name, external_key=key
+        )
         documents: list[dict[str, Any]] = []
         if found is not None:
             turns = await recent_turns(session, found.id, limit=MAX_TURNS)
