@@ -16,7 +16,6 @@ from typing import Any
 
 import structlog
 from aiohttp import web
-from sqlalchemy import delete
 
 from bot.apikeys import Principal, authenticate
 from bot.channels.base import InboundMessage
@@ -24,13 +23,12 @@ from bot.channels.ingress import IngressClock
 from bot.channels.openai.errors import RequestRefused, bad_request, openai_error
 from bot.channels.openai.messages import Exchange
 from bot.channels.openai.requests import Request, parse
-from bot.channels.openai.threads import Continuation, Thread, record, resolve
+from bot.channels.openai.threads import Continuation, Thread, forget, record, resolve
 from bot.channels.registry import OPENAI
 from bot.engine.settings import EngineSettings
 from bot.errors import ErrorClass
 from bot.http.body import BodyError, parse_json_object, read_body
 from bot.http.keys import CHAT_FORMAT, ENGINE_SETTINGS, READ_SESSIONS, SERVER, SESSIONS, TURNS
-from bot.storage.models import Conversation
 
 log = structlog.get_logger(__name__)
 
@@ -164,13 +162,7 @@ async def start_turn(
         if thread.continuation == Continuation.REBUILT:
             # The history written for this request has no turn to answer: drop it.
             async with sessions() as session, session.begin():
-                await session.execute(
-                    delete(Conversation).where(
-                        Conversation.owner == principal.owner,
-                        Conversation.channel == OPENAI.name,
-                        Conversation.external_key == thread.conversation_key,
-                    )
-                )
+                await forget(session, principal.owner, OPENAI.name, thread.conversation_key)
         raise RequestRefused(
             openai_error(
                 429,

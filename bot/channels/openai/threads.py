@@ -22,7 +22,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import func, select
+from sqlalchemy import delete, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from bot.channels.openai.messages import Exchange, context_hash, extend_hash, same_text
@@ -120,6 +120,17 @@ async def resolve(
     session.add_all(entries)
     conversation.head_seq = entries[-1].seq
     return Thread(key, Continuation.REBUILT, hashed)
+
+
+async def forget(session: AsyncSession, owner: str, channel: str, conversation_key: str) -> None:
+    """Delete a conversation, its history with it (one rebuilt for a request that was refused)."""
+    await session.execute(
+        delete(Conversation).where(
+            Conversation.owner == owner,
+            Conversation.channel == channel,
+            Conversation.external_key == conversation_key,
+        )
+    )
 
 
 def history_entries(
