@@ -198,29 +198,13 @@ class Compactor:
             plan=self.plan,
             reasoning_dropped=self.drops_reasoning,
         )
+        self.after_turn = self._preparation.after_turn
+        """A turn ended: past ``prepare_watermark``, prepare the next base in the background
+        (opened by ``system_prompt``, the conversation's persona's; default: the format's)."""
 
     def needed(self, prompt_tokens: int, max_tokens: int) -> bool:
         high = self._settings.high_watermark * self._engine.max_model_len
         return self._settings.enabled and prompt_tokens + max_tokens > high
-
-    def after_turn(
-        self,
-        conversation_id: str,
-        *,
-        tokens: int,
-        max_tokens: int,
-        cache_salt: str | None,
-        system_prompt: str | None = None,
-    ) -> None:
-        """A turn ended: past ``prepare_watermark``, prepare the next base in the background
-        (opened by ``system_prompt``, the conversation's persona's; default: the format's)."""
-        self._preparation.after_turn(
-            conversation_id,
-            tokens=tokens,
-            max_tokens=max_tokens,
-            cache_salt=cache_salt,
-            system_prompt=system_prompt,
-        )
 
     async def close(self) -> None:
         await self._preparation.close()
@@ -271,33 +255,10 @@ class Compactor:
             if turn is None or turn.status in TurnStatus.FINAL:
                 log.info("compaction_skipped", conversation_id=conversation_id, turn_id=turn_id)
                 return None
-            record = Compaction(
-                conversation_id=conversation_id,
-                turn_id=turn_id,
-                base_seq=history.next_seq,
-                kept_from_seq=plan.kept_from_seq,
-                summary=plan.summary,
-                dropped_exchanges=plan.dropped_exchanges,
-                kept_exchanges=plan.kept_exchanges,
-                tokens_before=len(history.prompt_ids),
-                tokens_after=len(base_ids),
-                reasoning_dropped=self.drops_reasoning,
-                created_at=dt.datetime.now(dt.UTC),
-            )
+            fields, base = self._rows(conversation_id, turn_id, history, plan)
+            record = Compaction(**fields, created_at=dt.datetime.now(dt.UTC))
             session.add(record)
-            session.add(
-                Message(
-                    conversation_id=conversation_id,
-                    seq=history.next_seq,
-                    # Below the entry it was built from: the tree stays connected, and the
-                    # prompt path restarts at the base (``bot.storage.queries.path_entries``).
-                    parent_seq=history.head_seq,
-                    role=BASE_ROLE,
-                    text=self._format.decode(base_ids),
-                    token_ids=pack_token_ids(base_ids),
-                    turn_id=turn_id,
-                )
-            )
+            session.add(base)
             if history.head_seq == await session.scalar(
                 select(Conversation.head_seq).where(Conversation.id == conversation_id)
             ):
@@ -324,9 +285,33 @@ class Compactor:
         If the turn does not end done, nothing is written: the history is unchanged and the
         prepared base still describes it, so the next turn switches to it instead.
         """
-        compaction_id = new_id()
+        fields, base = self._rows(conversation_id, turn_id, history, plan)
+        compaction_id = fields["id"]
+
+        async def write(session: AsyncSession, turn: Turn) -> None:
+            if turn.status != TurnStatus.DONE:
+                return
+            # A fresh row per attempt: the final write may be retried after a rollback.
+            session.add(Compaction(**fields, created_at=dt.datetime.now(dt.UTC)))
+            await session.execute(
+                delete(PreparedBase).where(PreparedBase.conversation_id == conversation_id)
+            )
+
+        self._log(conversation_id, turn_id, compaction_id, history, plan)
+        return Compacted(
+            _from_base(history, plan.base_ids),
+            compaction_id,
+            plan.summary_tokens,
+            entries=[base],
+            write=write,
+        )
+
+    def _rows(
+        self, conversation_id: str, turn_id: str, history: History, plan: Plan
+    ) -> tuple[dict[str, Any], Message]:
+        """What a compaction stores: its ``compactions`` row's fields (a new id) and the base."""
         fields: dict[str, Any] = {
-            "id": compaction_id,
+            "id": new_id(),
             "conversation_id": conversation_id,
             "turn_id": turn_id,
             "base_seq": history.next_seq,
@@ -338,33 +323,18 @@ class Compactor:
             "tokens_after": len(plan.base_ids),
             "reasoning_dropped": self.drops_reasoning,
         }
-
-        async def write(session: AsyncSession, turn: Turn) -> None:
-            if turn.status != TurnStatus.DONE:
-                return
-            # A fresh row per attempt: the final write may be retried after a rollback.
-            session.add(Compaction(**fields, created_at=dt.datetime.now(dt.UTC)))
-            await session.execute(
-                delete(PreparedBase).where(PreparedBase.conversation_id == conversation_id)
-            )
-
         base = Message(
             conversation_id=conversation_id,
             seq=history.next_seq,
+            # Below the entry it was built from: the tree stays connected, and the
+            # prompt path restarts at the base (``bot.storage.queries.path_entries``).
             parent_seq=history.head_seq,
             role=BASE_ROLE,
             text=self._format.decode(plan.base_ids),
             token_ids=pack_token_ids(plan.base_ids),
             turn_id=turn_id,
         )
-        self._log(conversation_id, turn_id, compaction_id, history, plan)
-        return Compacted(
-            _from_base(history, plan.base_ids),
-            compaction_id,
-            plan.summary_tokens,
-            entries=[base],
-            write=write,
-        )
+        return fields, base
 
     def _log(
         self,
