@@ -77,12 +77,7 @@ class UsageRow:
             "day": self.day.isoformat(),
             "owner": self.owner,
             "channel": self.channel,
-            "turns_done": self.turns_done,
-            "turns_failed": self.turns_failed,
-            "prompt_tokens": self.prompt_tokens,
-            "cached_tokens": self.cached_tokens,
-            "completion_tokens": self.completion_tokens,
-            "cache_share": self.cache_share,
+            **_counts(self),
         }
         if self.user_id is not None:
             document["user_id"] = self.user_id
@@ -112,15 +107,22 @@ class Today:
     def as_dict(self) -> dict[str, Any]:
         return {
             "day": self.day.isoformat(),
-            "turns_done": self.turns_done,
-            "turns_failed": self.turns_failed,
-            "prompt_tokens": self.prompt_tokens,
-            "cached_tokens": self.cached_tokens,
-            "completion_tokens": self.completion_tokens,
-            "cache_share": self.cache_share,
+            **_counts(self),
             "counted_tokens": self.counted_tokens,
             "tokens_per_day": self.tokens_per_day,
         }
+
+
+def _counts(usage: UsageRow | Today) -> dict[str, Any]:
+    """The turn and token counts every usage report shows, in the order it shows them."""
+    return {
+        "turns_done": usage.turns_done,
+        "turns_failed": usage.turns_failed,
+        "prompt_tokens": usage.prompt_tokens,
+        "cached_tokens": usage.cached_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "cache_share": usage.cache_share,
+    }
 
 
 def cache_share(cached: int, prompt: int) -> float | None:
