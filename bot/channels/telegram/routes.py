@@ -35,6 +35,7 @@ from bot.channels.telegram.payloads import (
     EditedMessage,
     Ignored,
     Overheard,
+    Parsed,
     Sender,
     parse_update,
     sender_of,
@@ -156,29 +157,10 @@ async def post_update(request: web.Request) -> web.Response:
     if not secret_ok:
         log.warning("telegram_bad_secret", bot=bot.settings.name)
         return json_error(401, "auth", f"missing or wrong {SECRET_HEADER}")
-
-    server = request.app[SERVER]
-    try:
-        update = parse_json_object(await read_body(request, server.max_body_bytes))
-    except BodyError as exc:
-        return exc.response
-    update_id = update.get("update_id")
-    if not isinstance(update_id, int):
-        return json_error(400, "bad_request", "update_id must be an integer")
-
-    # Group rules need the bot's @username; private chats never wait for it.
-    identity = BotIdentity(id=bot.settings.bot_id, username=bot.settings.username)
-    if _peek_chat_type(update) in ("group", "supergroup"):
-        try:
-            identity = await bot.resolve_identity()
-        except TelegramApiError as exc:
-            # Not acknowledged: Telegram redelivers it once getMe works again.
-            log.warning("telegram_identity_unavailable", bot=bot.settings.name, error=str(exc))
-            return json_error(503, "unavailable", "cannot look up the bot's username")
-
-    parsed = parse_update(
-        update, bot=identity, channel=bot.settings.channel, groups=bot.settings.groups
-    )
+    read = await _read_update(request, bot)
+    if isinstance(read, web.Response):
+        return read
+    update_id, update, parsed = read
     log_fields = {"bot": bot.settings.name, "update_id": update_id}
     if isinstance(parsed, Ignored):
         if parsed.known:
@@ -211,34 +193,83 @@ async def post_update(request: web.Request) -> web.Response:
                 bot.send_notice(parsed, refusal)
         else:
             request.app[TURNS].decline(parsed, REFUSAL_CLASS, refusal)
-        return web.Response(status=200)
-    if isinstance(parsed, Command):
+    elif isinstance(parsed, Command):
         if update_id not in bot.recent_commands:
-            turns = request.app[TURNS]
-            notice = await run_command(
-                parsed,
-                channel=bot.settings.channel,
-                turns=turns,
-                usage=request.app[USAGE],
-                # Admins are listed by id or @username (``TelegramBotSettings.admins``).
-                is_admin=lambda user_id: bot.settings.is_admin(user_id, sender.username),
-            )
-            bot.remember_command(update_id)
-            log.info("telegram_command", command=parsed.name, **log_fields)
-            if notice is not None:
-                bot.send_notice(parsed, notice)
-        return web.Response(status=200)
+            await _run_command(request, bot, parsed, sender, log_fields)
+    else:
+        await _accept(request, bot, clock, parsed, edited, sender, log_fields)
+    return web.Response(status=200)
 
-    if declined_too_long(request.app[TURNS], parsed, server.max_text_chars):
+
+async def _read_update(
+    request: web.Request, bot: TelegramBot
+) -> tuple[int, dict[str, Any], Parsed] | web.Response:
+    """The update's id, the update and what it carries; or the refusal (413/408 for the
+    body, 400 for bad JSON or no ``update_id``, 503 while the bot's @username is unknown)."""
+    try:
+        update = parse_json_object(await read_body(request, request.app[SERVER].max_body_bytes))
+    except BodyError as exc:
+        return exc.response
+    update_id = update.get("update_id")
+    if not isinstance(update_id, int):
+        return json_error(400, "bad_request", "update_id must be an integer")
+
+    # Group rules need the bot's @username; private chats never wait for it.
+    identity = BotIdentity(id=bot.settings.bot_id, username=bot.settings.username)
+    if _peek_chat_type(update) in ("group", "supergroup"):
+        try:
+            identity = await bot.resolve_identity()
+        except TelegramApiError as exc:
+            # Not acknowledged: Telegram redelivers it once getMe works again.
+            log.warning("telegram_identity_unavailable", bot=bot.settings.name, error=str(exc))
+            return json_error(503, "unavailable", "cannot look up the bot's username")
+    parsed = parse_update(
+        update, bot=identity, channel=bot.settings.channel, groups=bot.settings.groups
+    )
+    return update_id, update, parsed
+
+
+async def _run_command(
+    request: web.Request,
+    bot: TelegramBot,
+    command: Command,
+    sender: Sender,
+    log_fields: dict[str, Any],
+) -> None:
+    notice = await run_command(
+        command,
+        channel=bot.settings.channel,
+        turns=request.app[TURNS],
+        usage=request.app[USAGE],
+        # Admins are listed by id or @username (``TelegramBotSettings.admins``).
+        is_admin=lambda user_id: bot.settings.is_admin(user_id, sender.username),
+    )
+    bot.remember_command(log_fields["update_id"])
+    log.info("telegram_command", command=command.name, **log_fields)
+    if notice is not None:
+        bot.send_notice(command, notice)
+
+
+async def _accept(
+    request: web.Request,
+    bot: TelegramBot,
+    clock: IngressClock,
+    parsed: InboundMessage,
+    edited: dict[str, Any] | None,
+    sender: Sender,
+    log_fields: dict[str, Any],
+) -> None:
+    """Hand a message (or the edit of one) to the turn service, or decline it in the chat."""
+    turns = request.app[TURNS]
+    if declined_too_long(turns, parsed, request.app[SERVER].max_text_chars):
         log.info("telegram_declined", reason="text too long", **log_fields)
-        return web.Response(status=200)
+        return
     message = dataclasses.replace(
         parsed,
         layer_ms=clock.first_layers(),
         received_at=clock.received_at,
         unlimited=bot.settings.is_admin(sender.user_id, sender.username),
     )
-    turns = request.app[TURNS]
     if edited is None:
         accepted = await turns.accept(message)
     else:
@@ -247,11 +278,10 @@ async def post_update(request: web.Request) -> web.Response:
         except ForkRefused:
             log.info("telegram_declined", reason="edit of an older message", **log_fields)
             turns.decline(message, ErrorClass.BAD_REQUEST, EDIT_REFUSED_TEXT)
-            return web.Response(status=200)
+            return
     log.info(
         "telegram_accepted", turn_id=accepted.turn_id, duplicate=accepted.duplicate, **log_fields
     )
-    return web.Response(status=200)
 
 
 def setup(app: web.Application, tables: list[TelegramBotSettings], wiring: Wiring) -> None:
