@@ -71,7 +71,6 @@ class SlackRoutes:
     async def events(self, request: web.Request) -> web.StreamResponse:
         clock = IngressClock(request)
         retry_num = request.headers.get("X-Slack-Retry-Num")
-        retry_reason = request.headers.get("X-Slack-Retry-Reason")
         signed = await read_signed_body(request, self._channels, self._server.max_body_bytes)
         if not isinstance(signed, SignedBody):
             return signed
@@ -89,10 +88,15 @@ class SlackRoutes:
         channel = app
         if channel is None:
             log.warning("slack_event_for_another_app", api_app_id=document.get("api_app_id"))
-            return web.Response(status=200)
-        if isinstance(parsed, Ignored):
+        elif isinstance(parsed, Ignored):
             _log_ignored(channel, parsed, retry_num, warn=parsed.unknown)
-            return web.Response(status=200)
+        elif self._admitted(channel, parsed, retry_num):
+            await self._accept(request, clock, channel, parsed)
+        return web.Response(status=200)
+
+    def _admitted(self, channel: SlackChannel, parsed: UserMessage, retry_num: str | None) -> bool:
+        """False when the app does not answer this message: declined (in the chat, when it
+        was addressed to the bot) or over the length limit."""
         refusal = _refusal(channel.settings, parsed)
         if refusal is not None:
             log.info(
@@ -106,15 +110,19 @@ class SlackRoutes:
                 # Channel chatter not meant for the bot gets no notice: that would be spam.
                 message = to_inbound(parsed, channel=channel.name, user_name=None)
                 self._turns.decline(message, REFUSAL_CLASS, refusal)
-            return web.Response(status=200)
+            return False
         unnamed = to_inbound(parsed, channel=channel.name, user_name=None)
         if declined_too_long(self._turns, unnamed, self._server.max_text_chars):
             reason = too_long(parsed.text, self._server.max_text_chars) or ""
             _log_ignored(
                 channel, Ignored(reason, "too_long", parsed.event_id), retry_num, warn=True
             )
-            return web.Response(status=200)
+            return False
+        return True
 
+    async def _accept(
+        self, request: web.Request, clock: IngressClock, channel: SlackChannel, parsed: UserMessage
+    ) -> None:
         user_name = None
         if not parsed.is_dm:
             user_name = await channel.users.name(parsed.team_id, parsed.user_id)
@@ -134,11 +142,10 @@ class SlackRoutes:
             event_id=parsed.event_id,
             turn_id=accepted.turn_id,
             duplicate=accepted.duplicate,
-            retry_num=retry_num,
-            retry_reason=retry_reason,
+            retry_num=request.headers.get("X-Slack-Retry-Num"),
+            retry_reason=request.headers.get("X-Slack-Retry-Reason"),
             ack_ms=round(clock.elapsed_ms(), 3),
         )
-        return web.Response(status=200)
 
     async def commands(self, request: web.Request) -> web.StreamResponse:
         """``POST /slack/commands``: the slash commands, answered to their user alone.
