@@ -23,12 +23,13 @@ from bot.channels.ingress import IngressClock
 from bot.channels.openai.errors import RequestRefused, bad_request, openai_error
 from bot.channels.openai.messages import Exchange
 from bot.channels.openai.requests import Request, parse
-from bot.channels.openai.threads import Continuation, Thread, forget, record, resolve
+from bot.channels.openai.threads import Continuation, Thread, forget, resolve
 from bot.channels.registry import OPENAI
 from bot.engine.settings import EngineSettings
 from bot.errors import ErrorClass
 from bot.http.body import BodyError, parse_json_object, read_body
 from bot.http.keys import CHAT_FORMAT, ENGINE_SETTINGS, READ_SESSIONS, SERVER, SESSIONS, TURNS
+from bot.storage.models import OpenAIExchange
 
 log = structlog.get_logger(__name__)
 
@@ -172,15 +173,16 @@ async def start_turn(
             )
         )
     async with sessions() as session, session.begin():
-        await record(
-            session,
-            turn_id=accepted.turn_id,
-            conversation_id=accepted.conversation_id,
-            owner=principal.owner,
-            thread_hash=thread.context_hash,
-            api=api,
-            stored=stored,
-            previous_response_id=previous_response_id,
+        session.add(
+            OpenAIExchange(
+                turn_id=accepted.turn_id,
+                conversation_id=accepted.conversation_id,
+                owner=principal.owner,
+                context_hash=thread.context_hash,
+                api=api,
+                stored=stored,
+                previous_response_id=previous_response_id,
+            )
         )
     log.info(
         "openai_turn",

@@ -211,27 +211,3 @@ def hash_after(stored: StoredResponse) -> str:
     return extend_hash(
         stored.exchange.context_hash, Exchange(turn.user_text, turn.reply_text or "")
     )
-
-
-async def record(
-    session: AsyncSession,
-    *,
-    turn_id: str,
-    conversation_id: str,
-    owner: str,
-    thread_hash: str,
-    api: str,
-    stored: bool = True,
-    previous_response_id: str | None = None,
-) -> None:
-    session.add(
-        OpenAIExchange(
-            turn_id=turn_id,
-            conversation_id=conversation_id,
-            owner=owner,
-            context_hash=thread_hash,
-            api=api,
-            stored=stored,
-            previous_response_id=previous_response_id,
-        )
-    )
