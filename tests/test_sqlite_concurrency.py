@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import gc
+import threading
+import time
+import warnings
 from typing import Any
 
-from sqlalchemy import event, select, update
+import pytest
+from sqlalchemy import event, select, text, update
 
-from bot.storage.db import create_engine, create_sessionmaker
+from bot.storage.db import SQLITE_BUSY_TIMEOUT_MS, create_engine, create_sessionmaker
 from bot.storage.models import Conversation
 
 
@@ -81,3 +86,123 @@ async def test_writers_of_one_process_queue_before_sqlite_sees_them(sqlite_url: 
     finally:
         await engine.dispose()
     assert final == 15 + 10
+
+
+SLOW_STATEMENT = text(
+    "WITH RECURSIVE n(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM n WHERE x < 2000000)"
+    " SELECT count(*) FROM n"
+)
+"""A statement SQLite spends about half a second on: long enough to interrupt."""
+
+
+async def write_one(sessions: Any) -> None:
+    async with sessions() as session, session.begin():
+        await session.execute(
+            update(Conversation).values(next_turn_seq=Conversation.next_turn_seq + 1)
+        )
+
+
+async def test_a_writer_cancelled_mid_statement_is_cancelled_and_lets_the_next_one_in(
+    sqlite_url: str,
+) -> None:
+    """The cancellation reaches the writer's task (it does not turn into another error
+    its caller would log and go on from), and its place in the queue is given back once
+    its connection is closed: the next writer does not wait for the busy timeout."""
+    engine = create_engine(sqlite_url)
+    sessions = create_sessionmaker(engine)
+    async with sessions() as session, session.begin():
+        session.add(Conversation(id="c", owner="o", channel="api", external_key="k"))
+
+    async def slow_writer() -> None:
+        async with sessions() as session, session.begin():
+            await session.execute(
+                update(Conversation).values(next_turn_seq=Conversation.next_turn_seq + 1)
+            )
+            await session.execute(SLOW_STATEMENT)
+
+    try:
+        writer = asyncio.create_task(slow_writer())
+        await asyncio.sleep(0.1)  # inside the slow statement, holding the writer lock
+        waiting = time.monotonic()
+        follower = asyncio.create_task(write_one(sessions))
+        writer.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await writer
+        await follower
+        waited = time.monotonic() - waiting
+        async with sessions() as session:
+            final = await session.scalar(select(Conversation.next_turn_seq))
+    finally:
+        await engine.dispose()
+    assert final == 1  # the cancelled write rolled back, the follower's committed
+    assert waited < SQLITE_BUSY_TIMEOUT_MS / 1000 / 2
+
+
+async def test_a_writer_dropped_unclosed_gives_back_its_place(sqlite_url: str) -> None:
+    """A connection the garbage collector finds still in a transaction (its session was
+    dropped, never closed) gives back its place in the writer queue, on the queue's own
+    loop whichever thread the collector runs in: the writer waiting behind it goes on
+    at once, not at the busy timeout (nor when something else happens to wake the loop)."""
+    engine = create_engine(sqlite_url)
+    sessions = create_sessionmaker(engine)
+    async with sessions() as session, session.begin():
+        session.add(Conversation(id="c", owner="o", channel="api", external_key="k"))
+    dropped: list[Any] = []
+
+    async def drop_a_write() -> None:
+        session = sessions()
+        await session.begin()
+        await session.execute(
+            update(Conversation).values(next_turn_seq=Conversation.next_turn_seq + 1)
+        )
+        dropped.append(session)  # and never closed nor rolled back
+
+    def collect() -> None:
+        dropped.clear()
+        gc.collect()
+
+    loop = asyncio.get_running_loop()
+    debug = loop.get_debug()
+    try:
+        with warnings.catch_warnings():
+            # SQLAlchemy says so when it collects a connection that was not checked in.
+            warnings.simplefilter("ignore")
+            gc.disable()  # the collection below, in another thread, is the only one
+            await drop_a_write()
+            follower = asyncio.create_task(write_one(sessions))
+            await asyncio.sleep(0.05)  # the follower waits for the dropped write's place
+            loop.set_debug(True)  # a loop call from another thread raises, not races
+            waiting = time.monotonic()
+            collector = threading.Thread(target=collect)
+            collector.start()
+            await asyncio.wait_for(follower, SQLITE_BUSY_TIMEOUT_MS / 1000 * 3)
+            waited = time.monotonic() - waiting
+            collector.join()
+    finally:
+        loop.set_debug(debug)
+        gc.enable()
+        await engine.dispose()
+    assert waited < SQLITE_BUSY_TIMEOUT_MS / 1000 / 2
+
+
+async def test_the_pool_keeps_its_connection_and_says_nothing_when_it_resets_it(
+    sqlite_url: str,
+) -> None:
+    """The writer queue's pool listeners take the arguments SQLAlchemy 2 passes: no
+    deprecation warning at each reset (an error under the tests' warning filter, which
+    made the pool invalidate the connection and open a new one for the next session)."""
+    engine = create_engine(sqlite_url)
+    connects: list[object] = []
+    event.listen(engine.sync_engine, "connect", lambda *_: connects.append(None))
+    sessions = create_sessionmaker(engine)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for _ in range(3):
+                await write_one(sessions)  # an empty table: the write changes no row
+                async with sessions() as session:
+                    await session.scalar(select(Conversation.id))
+    finally:
+        await engine.dispose()
+    assert [str(w.message) for w in caught] == []
+    assert len(connects) == 1

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import weakref
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +18,9 @@ from sqlalchemy.ext.asyncio import (
     async_sessionmaker,
     create_async_engine,
 )
-from sqlalchemy.pool import NullPool
+from sqlalchemy.pool import NullPool, PoolResetState
 from sqlalchemy.util import await_only
+from sqlalchemy.util.concurrency import in_greenlet
 
 SQLITE_BUSY_TIMEOUT_MS = 5000
 READ_ONLY = "bot_read_only"
@@ -40,7 +43,7 @@ def _on_sqlite_connect(dbapi_connection: Any, _record: Any) -> None:
 
 
 _WRITER_HELD = "bot_writer_lock"
-"""Key in a pooled connection's ``info``: the writer lock this connection holds."""
+"""Key in a pooled connection's ``info``: the place in the writer queue it holds."""
 
 _writer_locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, asyncio.Lock]] = (
     weakref.WeakKeyDictionary()
@@ -51,6 +54,14 @@ def _writer_lock(database: str) -> asyncio.Lock:
     """The lock the writers to ``database`` queue on in this process (one per event loop)."""
     locks = _writer_locks.setdefault(asyncio.get_running_loop(), {})
     return locks.setdefault(database, asyncio.Lock())
+
+
+@dataclass(frozen=True)
+class _WriterPlace:
+    """A connection's place at the head of the writer queue: the lock and its loop."""
+
+    lock: asyncio.Lock
+    loop: asyncio.AbstractEventLoop
 
 
 async def _acquire_within(lock: asyncio.Lock, timeout_s: float) -> bool:
@@ -65,9 +76,24 @@ async def _acquire_within(lock: asyncio.Lock, timeout_s: float) -> bool:
 
 
 def _release_writer(info: dict[str, Any] | None) -> None:
-    lock = info.pop(_WRITER_HELD, None) if info is not None else None
-    if lock is not None and lock.locked():
-        lock.release()
+    # Popping the place makes each acquisition released once, and only by the
+    # connection that took it: a connection that holds none has nothing to pop.
+    place = info.pop(_WRITER_HELD, None) if info is not None else None
+    if place is None:
+        return
+    try:
+        running = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if running is place.loop:
+        place.lock.release()
+        return
+    # An asyncio lock is not thread-safe: a release from elsewhere (the garbage
+    # collector finalizing a connection dropped unclosed runs in whatever thread
+    # it interrupts) is handed to the lock's own loop. If that loop is closed, nobody
+    # waits on its lock any more.
+    with contextlib.suppress(RuntimeError):
+        place.loop.call_soon_threadsafe(place.lock.release)
 
 
 def _on_sqlite_begin(connection: Any) -> None:
@@ -90,7 +116,7 @@ def _on_sqlite_begin(connection: Any) -> None:
         database = connection.engine.url.database or ":memory:"
         lock = _writer_lock(database)
         if await_only(_acquire_within(lock, SQLITE_BUSY_TIMEOUT_MS / 1000)):
-            info[_WRITER_HELD] = lock
+            info[_WRITER_HELD] = _WriterPlace(lock, asyncio.get_running_loop())
     try:
         connection.exec_driver_sql("BEGIN IMMEDIATE")
     except BaseException:
@@ -98,13 +124,26 @@ def _on_sqlite_begin(connection: Any) -> None:
         raise
 
 
+def _held_place(connection: Any) -> dict[str, Any] | None:
+    """The ``info`` of ``connection``'s pooled connection if it holds a writer place."""
+    # An invalidated connection (a statement interrupted by a cancellation, a lost
+    # connection) has no pooled connection to ask: reading ``connection.connection``
+    # would raise, and an exception from a listener of the rollback that follows would
+    # replace the one being handled (a cancellation would turn into PendingRollbackError).
+    # Its place is given back when the pool takes it back (``_on_sqlite_checkin``).
+    if connection.invalidated or connection.closed:
+        return None
+    info: dict[str, Any] = connection.connection.info
+    return info if _WRITER_HELD in info else None
+
+
 def _on_sqlite_commit(connection: Any) -> None:
     # This event comes before SQLAlchemy's COMMIT; the lock may only go once the
     # transaction has ended, so commit here (SQLAlchemy's COMMIT is then a no-op: the
     # driver commits only inside a transaction). A failure is left to SQLAlchemy's own
     # COMMIT, which raises it as usual, and to the rollback that follows.
-    info = connection.connection.info
-    if _WRITER_HELD not in info:
+    info = _held_place(connection)
+    if info is None:
         return
     try:
         connection.connection.dbapi_connection.commit()
@@ -114,19 +153,42 @@ def _on_sqlite_commit(connection: Any) -> None:
 
 
 def _on_sqlite_rollback(connection: Any) -> None:
-    info = connection.connection.info
-    if _WRITER_HELD not in info:
+    info = _held_place(connection)
+    if info is None:
         return
     try:
         connection.connection.dbapi_connection.rollback()
     except Exception:
-        return
+        return  # the pool's own reset rolls back or closes it, then checks it in
     _release_writer(info)
 
 
-def _on_sqlite_checkin(_dbapi_connection: Any, record: Any, *_: Any) -> None:
-    # A connection back in the pool, reset or invalidated holds no transaction any more.
-    _release_writer(getattr(record, "info", None))
+def _on_sqlite_checkin(_dbapi_connection: Any, record: Any) -> None:
+    # Back in the pool, a connection holds no transaction any more: the pool has rolled
+    # it back, or closed it (an invalidated connection), before this event.
+    _release_writer(record.info)
+
+
+def _on_sqlite_reset(_dbapi_connection: Any, record: Any, state: PoolResetState) -> None:
+    # Only a connection the garbage collector found unclosed: the pool can neither roll
+    # it back nor check it in from there (no "checkin" follows), it terminates it. Any
+    # other reset comes before the pool's rollback, and "checkin" after it.
+    if not state.asyncio_safe:
+        _release_writer(record.info)
+
+
+def _on_sqlite_invalidate(dbapi_connection: Any, record: Any, _error: Any) -> None:
+    # A writer invalidated mid-transaction (its statement interrupted by a cancellation)
+    # is closed next, and SQLite defers closing a connection whose statement is not
+    # finalized yet (the interrupted cursor lives on in the traceback): its transaction,
+    # and SQLite's write lock, would outlive the close until the garbage collector found
+    # that cursor, and the next writer would wait the busy timeout out and fail. Rolled
+    # back first, the transaction ends now. Its place in the queue goes at the checkin
+    # that follows the close. (Only where the driver can be awaited: the garbage
+    # collector's cleanup terminates the connection anyway.)
+    if _WRITER_HELD in record.info and in_greenlet():
+        with contextlib.suppress(Exception):
+            dbapi_connection.rollback()
 
 
 def is_sqlite(url: str) -> bool:
@@ -144,8 +206,12 @@ def create_engine(url: str, *, echo: bool = False) -> AsyncEngine:
         event.listen(engine.sync_engine, "begin", _on_sqlite_begin)
         event.listen(engine.sync_engine, "commit", _on_sqlite_commit)
         event.listen(engine.sync_engine, "rollback", _on_sqlite_rollback)
-        for name in ("checkin", "reset", "invalidate", "soft_invalidate"):
-            event.listen(engine.sync_engine.pool, name, _on_sqlite_checkin)
+        # A connection gives its writer place back at "checkin", once its transaction has
+        # ended: not at "reset" nor "invalidate", which come before the pool's rollback
+        # or close; nor at "soft_invalidate", after which its transaction goes on.
+        event.listen(engine.sync_engine.pool, "checkin", _on_sqlite_checkin)
+        event.listen(engine.sync_engine.pool, "reset", _on_sqlite_reset)
+        event.listen(engine.sync_engine.pool, "invalidate", _on_sqlite_invalidate)
         return engine
     return create_async_engine(url, echo=echo, pool_pre_ping=True)
 
