@@ -100,6 +100,7 @@ class TurnRunner:
         Only the start (queued -> running) may raise, a database error before the
         turn began: it stays queued and its conversation's worker tries again.
         """
+        start_began = time.perf_counter()
         async with self._sessions() as session:
             # One locking statement starts it: a cancel of the queued turn
             # (``TurnService.cancel_turn``) either lands first, and nothing is updated,
@@ -125,6 +126,8 @@ class TurnRunner:
         clock = LayerClock(turn.layer_ms)
         if persist_ms is not None:
             clock.layer_ms["persist"] = persist_ms
+        # The start's transaction, its wait for the write lock included (SQLite).
+        clock.layer_ms["start"] = (time.perf_counter() - start_began) * 1000
         received_at = as_utc(turn.created_at).timestamp()
         ingress_side = (
             clock.layer_ms["ingress"] + clock.layer_ms["auth"] + clock.layer_ms["persist"]
