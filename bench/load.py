@@ -80,7 +80,10 @@ class Senders:
         )
         self._slack = json.loads((TESTS / "slack" / "fixtures" / "app_mention.json").read_text())
         self._verifier = SignatureVerifier(SLACK_SIGNING_SECRET)
-        self._ids = itertools.count(1)
+        # Telegram's update ids are the dedupe key: a run on a database that keeps earlier
+        # runs' events (PostgreSQL) must not repeat them, or its messages are duplicates.
+        # Below 10**6 with a run's messages: Slack's ts keeps its six decimals.
+        self._ids = itertools.count(random.randrange(1, 900_000))
 
     def request(
         self, channel: str, run: str, conversation: int, text: str
