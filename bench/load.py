@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import copy
+import datetime as dt
 import itertools
 import json
 import os
@@ -79,7 +80,10 @@ class Senders:
         )
         self._slack = json.loads((TESTS / "slack" / "fixtures" / "app_mention.json").read_text())
         self._verifier = SignatureVerifier(SLACK_SIGNING_SECRET)
-        self._ids = itertools.count(1)
+        # Telegram's update ids are the dedupe key: a run on a database that keeps earlier
+        # runs' events (PostgreSQL) must not repeat them, or its messages are duplicates.
+        # Below 10**6 with a run's messages: Slack's ts keeps its six decimals.
+        self._ids = itertools.count(random.randrange(1, 900_000))
 
     def request(
         self, channel: str, run: str, conversation: int, text: str
@@ -164,14 +168,17 @@ async def arrivals(
     return [(channel, ms, status) for channel, (ms, status) in zip(sent, results, strict=True)]
 
 
-async def final_turns(db_url: str) -> dict[str, int]:
-    """Turns that reached a final status, by channel."""
+async def final_turns(db_url: str, since: dt.datetime) -> dict[str, int]:
+    """Turns of this run (received ``since``) that reached a final status, by channel.
+
+    Only this run's: a PostgreSQL database may hold earlier runs' turns.
+    """
     engine = create_engine(db_url)
     try:
         async with create_sessionmaker(engine)() as session:
             rows = await session.execute(
                 select(Turn.channel, func.count())
-                .where(Turn.status.in_(TurnStatus.FINAL))
+                .where(Turn.status.in_(TurnStatus.FINAL), Turn.created_at >= since)
                 .group_by(Turn.channel)
             )
             finals: dict[str, int] = {}
@@ -253,6 +260,7 @@ async def main(args: argparse.Namespace) -> None:
     senders = Senders(key)
 
     rates = [float(r) for r in args.rates.split(",")]
+    since = dt.datetime.now(dt.UTC)
     run = uuid.uuid4().hex[:6]
     print(f"# ack latency under open-loop load, {args.seconds:g} s a rate, {args.conversations}")
     print(f"# conversations a channel, max_tokens={args.max_tokens}, demo model, CPU, database:")
@@ -281,7 +289,7 @@ async def main(args: argparse.Namespace) -> None:
                     f"{run}{rate:g}".replace(".", ""),
                 )
                 await app[TURNS].wait_idle(args.drain_s)
-                finals = await final_turns(db_url)
+                finals = await final_turns(db_url, since)
                 for channel, _, status in results:
                     accepted[channel] += status in (200, 202)
                 lost = {c: accepted[c] - finals.get(c, 0) for c in channels}

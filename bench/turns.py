@@ -13,6 +13,7 @@ Prints
 
 Run:  .venv/bin/python bench/turns.py --conversations 4 --turns 12
       .venv/bin/python bench/turns.py --conversations 16 --turns 6   (16 concurrent chats)
+      add --loop uvloop to run the service on uvloop's event loop
 """
 
 from __future__ import annotations
@@ -245,6 +246,15 @@ async def main(args: argparse.Namespace) -> None:
         ("engine TTFT, same prompts sent directly", direct_ttft),
     ):
         print(f"{name:<45} {percentile(values, 50):>7.1f}  {percentile(values, 99):>7.1f}")
+    # Where the service's part goes: the turns' own layer clocks (``turns.layer_ms``).
+    layers: dict[str, list[float]] = {}
+    for r in results:
+        for name, value in (r.get("timings_ms") or {}).items():
+            if isinstance(value, int | float):
+                layers.setdefault(name, []).append(float(value))
+    print("layer (turns.layer_ms)  " + "  ".join(layers))
+    p50s = (f"{percentile(values, 50):.1f}" for values in layers.values())
+    print("  p50 ms                " + "  ".join(p50s))
     print(f"end-to-end summed over turns: service {service_e2e:.0f} ms, ", end="")
     print(f"engine direct {direct_e2e:.0f} ms, ratio {e2e_ratio:.2f}")
     print(f"wall clock: service {service_wall:.2f} s, engine direct {direct_wall:.2f} s", end="")
@@ -262,4 +272,11 @@ if __name__ == "__main__":
     parser.add_argument("--turns", type=int, default=12)
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--model-dir", default="data/demo-model")
-    asyncio.run(main(parser.parse_args()))
+    parser.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio")
+    arguments = parser.parse_args()
+    if arguments.loop == "uvloop":
+        import uvloop
+
+        uvloop.run(main(arguments))
+    else:
+        asyncio.run(main(arguments))

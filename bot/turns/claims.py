@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import contextlib
 import datetime as dt
 import enum
 import fcntl
@@ -38,7 +39,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -49,7 +50,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from bot.errors import ErrorClass
-from bot.storage.db import is_sqlite
+from bot.storage.db import READ_ONLY, is_sqlite
 from bot.storage.models import Turn, TurnStatus, utcnow
 from bot.storage.queries import as_utc
 from bot.turns.ending import TurnEnd, TurnEndings, apply_to_row
@@ -149,6 +150,18 @@ class TurnClaims(abc.ABC):
         self._live: Callable[[], set[str]] = set
         self._dead_since: dict[str, float] = {}
 
+    @contextlib.asynccontextmanager
+    async def _reading(self) -> AsyncIterator[AsyncSession]:
+        """A session that only reads: on SQLite it does not queue for the write lock.
+
+        Claims look at turns on every turn start and every poll; behind the accepts and
+        final writes of every other conversation (``bot.storage.db``), a look that takes
+        the write lock would hold up the first token for nothing.
+        """
+        async with self._sessions() as session:
+            await session.connection(execution_options={READ_ONLY: True})
+            yield session
+
     def bind(
         self,
         open_reply: Callable[[TurnAddress], ReplySink],
@@ -231,7 +244,7 @@ class TurnClaims(abc.ABC):
         Returns the ids it failed; their conversations are scheduled again.
         """
         query = select(Turn.id).where(Turn.status == TurnStatus.RUNNING, self._running_here())
-        async with self._sessions() as session:
+        async with self._reading() as session:
             running = set(await session.scalars(query))
         now = time.monotonic()
         dead = running - self._live()
@@ -288,7 +301,7 @@ class TurnClaims(abc.ABC):
 
     async def claimable_conversations(self) -> list[str]:
         """Conversations with a turn this worker could claim now (queued and free, or abandoned)."""
-        async with self._sessions() as session:
+        async with self._reading() as session:
             now = await self._now(session)
             rows = (
                 await session.execute(
@@ -368,7 +381,9 @@ class LocalClaims(TurnClaims):
         """Conversation -> the turn this process last handed out."""
 
     async def _claim_head(self, conversation_id: str) -> tuple[ClaimOutcome, Turn | None]:
-        async with self._sessions() as session:
+        # A read: the runner starts the turn only if it is still queued (one locked
+        # update), so a cancel landing in between is not lost.
+        async with self._reading() as session:
             turn = (
                 await session.scalars(
                     select(Turn)
@@ -495,7 +510,7 @@ class LeasedClaims(TurnClaims):
 
     async def cancel_requests(self) -> list[str]:
         """Turns running under this worker's lease that another worker was asked to stop."""
-        async with self._sessions() as session:
+        async with self._reading() as session:
             return list(
                 await session.scalars(
                     select(Turn.id).where(

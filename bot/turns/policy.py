@@ -9,11 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from bot.engine.base import InferenceEngine
-from bot.storage.models import Conversation
 from bot.turns.chat_format import ChatFormat
 from bot.turns.compaction import Compactor
 from bot.turns.limits import FairUse
@@ -36,14 +34,14 @@ class TurnPolicy:
     partials: PartialReplies | None = None
     """Several workers: the reply so far is saved for readers on other workers."""
 
-    async def cache_salt(self, session: AsyncSession, conversation_id: str) -> str | None:
-        """The salt of the conversation's tenant (its owner), if tenants are isolated."""
-        if self.salts is None:
+    def cache_salt(self, owner: str | None) -> str | None:
+        """The salt of a conversation's tenant (its owner), if tenants are isolated.
+
+        The owner comes with the history (``load_history``): no query of its own.
+        """
+        if self.salts is None or owner is None:
             return None
-        owner = await session.scalar(
-            select(Conversation.owner).where(Conversation.id == conversation_id)
-        )
-        return self.salts.salt_for(owner) if owner is not None else None
+        return self.salts.salt_for(owner)
 
 
 def build_policy(

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import structlog
+from sqlalchemy import update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from bot.engine.base import GenerationChunk, GenerationRequest, InferenceEngine
@@ -99,14 +100,22 @@ class TurnRunner:
         Only the start (queued -> running) may raise, a database error before the
         turn began: it stays queued and its conversation's worker tries again.
         """
+        start_began = time.perf_counter()
         async with self._sessions() as session:
-            # Locked: a cancel of the queued turn (``TurnService.cancel_turn``) either
-            # lands first, and the turn never runs, or finds it running.
-            turn = await session.get(Turn, turn_id, with_for_update=True)
-            if turn is None or turn.status != TurnStatus.QUEUED:
+            # One locking statement starts it: a cancel of the queued turn
+            # (``TurnService.cancel_turn``) either lands first, and nothing is updated,
+            # or finds it running. No read before it: that is one more round trip and,
+            # on SQLite, one more wait for the write lock on the way to the first token.
+            turn = (
+                await session.scalars(
+                    update(Turn)
+                    .where(Turn.id == turn_id, Turn.status == TurnStatus.QUEUED)
+                    .values(status=TurnStatus.RUNNING, started_at=utcnow())
+                    .returning(Turn)
+                )
+            ).one_or_none()
+            if turn is None:
                 return
-            turn.status = TurnStatus.RUNNING
-            turn.started_at = utcnow()
             # An edit or a regeneration answers one given message: it covers no other.
             coalesces = self.policy.coalesce and turn.parent_seq is None
             covered = await claim_pending(session, turn) if coalesces else []
@@ -117,6 +126,8 @@ class TurnRunner:
         clock = LayerClock(turn.layer_ms)
         if persist_ms is not None:
             clock.layer_ms["persist"] = persist_ms
+        # The start's transaction, its wait for the write lock included (SQLite).
+        clock.layer_ms["start"] = (time.perf_counter() - start_began) * 1000
         received_at = as_utc(turn.created_at).timestamp()
         ingress_side = (
             clock.layer_ms["ingress"] + clock.layer_ms["auth"] + clock.layer_ms["persist"]
@@ -200,7 +211,7 @@ class TurnRunner:
             async with self._read_sessions() as session:
                 # An edit or a regeneration names where it forks off the tree; else the head.
                 history = await load_history(session, turn.conversation_id, at=turn.parent_seq)
-                cache_salt = await self.policy.cache_salt(session, turn.conversation_id)
+        cache_salt = self.policy.cache_salt(history.owner)
         persona = self._personas.choice(history.persona, self._chat_format)
         progress.cache_salt = cache_salt
         progress.persona = persona

@@ -26,7 +26,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from bot.errors import ErrorClass
 from bot.storage import queries
-from bot.storage.models import InboundEvent, Turn, TurnStatus
+from bot.storage.models import InboundEvent, Turn, TurnStatus, new_id
 from bot.storage.text import storable, storable_or_none
 from bot.turns.branching import Edit, ForkRefused, fork_turn, latest_turn
 from bot.turns.branching import activate as activate_branch
@@ -169,21 +169,19 @@ class TurnService:
                 if self.fair_use is not None and not message.unlimited:
                     # Counted in this transaction: a refusal rolls every count back.
                     await self.fair_use.admit(session, _limit_subjects(message))
-                conversation = await queries.open_conversation(
+                slot = await queries.take_turn_slot(
                     session,
                     owner=message.owner,
                     channel=message.channel,
                     external_key=message.conversation_key,
                     persona=message.persona,
                 )
-                if message.persona is not None and conversation.persona != message.persona:
-                    raise _PersonaConflictError(
-                        PersonaConflict(conversation.persona, message.persona)
-                    )
-                seq = await queries.allocate_turn_seq(session, conversation.id)
+                if message.persona is not None and slot.persona != message.persona:
+                    # Raised out of the transaction: the turn number taken is rolled back.
+                    raise _PersonaConflictError(PersonaConflict(slot.persona, message.persona))
                 turn = Turn(
-                    conversation_id=conversation.id,
-                    seq=seq,
+                    conversation_id=slot.conversation_id,
+                    seq=slot.seq,
                     channel=message.channel,
                     reply_to=dict(message.reply_to),
                     user_id=storable_or_none(message.user_id),
@@ -195,13 +193,14 @@ class TurnService:
                     layer_ms=dict(message.layer_ms),
                     created_at=dt.datetime.fromtimestamp(message.received_at, dt.UTC),
                 )
+                # The id is made here, not at the flush: both rows go out in one flush.
+                turn.id = new_id()
                 session.add(turn)
-                await session.flush()
                 session.add(
                     InboundEvent(
                         channel=message.channel,
                         event_id=message.event_id,
-                        conversation_id=conversation.id,
+                        conversation_id=slot.conversation_id,
                         turn_id=turn.id,
                     )
                 )
@@ -224,8 +223,8 @@ class TurnService:
         if self.claims.exclusive:
             # With several workers another one may run it: the runner opens the stream there.
             self.streams.open(turn.id)
-        self.schedule(conversation.id)
-        return Accepted(turn.id, conversation.id, duplicate=False)
+        self.schedule(slot.conversation_id)
+        return Accepted(turn.id, slot.conversation_id, duplicate=False)
 
     async def regenerate(self, turn_id: str, *, owner: str | None = None) -> Accepted:
         """Answer ``turn_id``'s message again, as a new attempt (``bot.turns.branching``).

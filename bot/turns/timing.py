@@ -7,12 +7,15 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 # The canonical layers of the ``turn`` log line, in order. ``wait`` is time
-# spent behind earlier turns of the same conversation (they run strictly in order).
+# spent behind earlier turns of the same conversation (they run strictly in order);
+# ``start`` the turn's start (queued -> running), on SQLite mostly its wait for the
+# write lock behind other conversations' accepts and final writes.
 LAYERS = (
     "ingress",
     "auth",
     "persist",
     "wait",
+    "start",
     "history",
     "tokenize",
     "queue",

@@ -30,8 +30,9 @@ from tests.engines import NulByteEngine, SlowEngine
 from tests.helpers import auth, count_rows, load_history_rows, load_turns, read_sse
 from tests.turns.conftest import WriteFaults
 
-START = r"^UPDATE turns SET .*started_at"
-FINAL = r"^UPDATE turns SET .*finished_at"
+# A column set by the statement (before its WHERE), not one it returns.
+START = r"^UPDATE turns SET (?:(?! WHERE ).)*\bstarted_at="
+FINAL = r"^UPDATE turns SET (?:(?! WHERE ).)*\bfinished_at="
 HISTORY = r"^INSERT INTO messages"
 ACCEPT = r"^INSERT INTO turns"
 

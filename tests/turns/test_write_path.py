@@ -1,0 +1,96 @@
+"""The writes on a turn's way, kept few: each one on SQLite queues for the one write lock.
+
+An accept takes its conversation's turn number in the statement that finds the
+conversation; a turn starts with one locked update and ends with another; the
+claims only read. These tests hold the promises those merged writes carry (a
+refused accept stores nothing, numbers stay gapless) and count the write
+transactions, which a new read in a write session would add to.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from aiohttp.test_utils import TestClient
+from sqlalchemy import event
+
+from bot.http.keys import SESSIONS, TURNS
+from bot.storage.db import is_sqlite
+from bot.storage.models import TurnStatus
+from tests.conftest import MakeClient, issue_key
+from tests.helpers import auth, count_rows, load_turns, read_sse
+from tests.turns.conftest import WriteFaults
+
+TURN_SLOT = r"^UPDATE conversations SET .*next_turn_seq"
+
+
+async def send(client: TestClient[Any, Any], key: str, message_id: str) -> Any:
+    body = {"conversation_id": "c1", "message_id": message_id, "text": "Hello"}
+    return await client.post("/v1/messages", json=body, headers=auth(key))
+
+
+async def final_kind(client: TestClient[Any, Any], key: str, turn_id: str) -> str:
+    async with asyncio.timeout(60):
+        events = await read_sse(await client.get(f"/v1/turns/{turn_id}/events", headers=auth(key)))
+    return events[-1].kind
+
+
+async def test_an_accept_refused_at_its_turn_number_stores_nothing_and_numbers_stay_gapless(
+    db_url: str, make_client: MakeClient, faults: list[WriteFaults]
+) -> None:
+    client = await make_client(db_url)
+    key = await issue_key(db_url)
+    fault = WriteFaults(client)
+    faults.append(fault)
+    first = await send(client, key, "m1")
+    assert first.status == 202
+    assert await final_kind(client, key, (await first.json())["turn_id"]) == "done"
+
+    fault.fail(TURN_SLOT, times=1)
+    refused = await send(client, key, "m2")
+    assert refused.status == 503
+    assert fault.raised == 1
+    counts = await count_rows(db_url)
+    assert (counts["turns"], counts["inbound_events"], counts["conversations"]) == (1, 1, 1)
+
+    retried = await send(client, key, "m2")
+    assert retried.status == 202
+    body = await retried.json()
+    assert body["duplicate"] is False
+    assert await final_kind(client, key, body["turn_id"]) == "done"
+    turns = await load_turns(db_url)
+    assert [(t.seq, t.status) for t in turns] == [(0, TurnStatus.DONE), (1, TurnStatus.DONE)]
+    # A redelivery of the accepted message is still recognised.
+    again = await send(client, key, "m2")
+    assert (await again.json())["duplicate"] is True
+    assert (await count_rows(db_url))["turns"] == 2
+
+
+async def test_on_sqlite_a_turn_takes_the_write_lock_to_be_accepted_started_and_ended_only(
+    db_url: str, make_client: MakeClient
+) -> None:
+    if not is_sqlite(db_url):
+        return  # PostgreSQL has row locks: no one write lock to queue on
+    client = await make_client(db_url)
+    key = await issue_key(db_url)
+    warm = await send(client, key, "m0")
+    assert await final_kind(client, key, (await warm.json())["turn_id"]) == "done"
+    await client.app[TURNS].wait_idle(30)
+
+    statements: list[str] = []
+
+    def record(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        statements.append(statement)
+
+    sync_engine = client.app[SESSIONS].kw["bind"].sync_engine
+    event.listen(sync_engine, "before_cursor_execute", record)
+    try:
+        accepted = await send(client, key, "m1")
+        assert await final_kind(client, key, (await accepted.json())["turn_id"]) == "done"
+        await client.app[TURNS].wait_idle(30)
+    finally:
+        event.remove(sync_engine, "before_cursor_execute", record)
+
+    # Accept, start, final write: the claims' and the history's reads begin deferred.
+    assert statements.count("BEGIN IMMEDIATE") == 3, statements
