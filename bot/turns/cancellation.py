@@ -15,6 +15,18 @@ from collections.abc import Iterator
 from typing import Any
 
 
+def stop_requested() -> bool:
+    """True once the current task has been cancelled, whatever exception is on its way out.
+
+    A background loop that retries after ``except Exception`` must end instead when this
+    is true: a library may turn the ``CancelledError`` into another exception on the way
+    out (SQLAlchemy invalidating a SQLite connection interrupted mid-statement did), and a
+    loop that kept polling would make whoever cancelled it wait for ever.
+    """
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
 class Cancellations:
     def __init__(self) -> None:
         self._requested: set[str] = set()

@@ -53,6 +53,7 @@ from bot.errors import ErrorClass
 from bot.storage.db import READ_ONLY, is_sqlite
 from bot.storage.models import Turn, TurnStatus, utcnow
 from bot.storage.queries import as_utc
+from bot.turns.cancellation import stop_requested
 from bot.turns.ending import TurnEnd, TurnEndings, apply_to_row
 from bot.turns.replies import ReplySink, TurnAddress
 from bot.turns.settings import WorkerSettings
@@ -356,6 +357,8 @@ class TurnClaims(abc.ABC):
             try:
                 await self._poll_once(schedule, cancel)
             except Exception as exc:
+                if stop_requested():
+                    raise
                 log.warning("turn_poll_failed", error=f"{type(exc).__name__}: {exc}")
 
     async def close(self) -> None:
@@ -560,6 +563,8 @@ class LeasedClaims(TurnClaims):
             try:
                 await self.renew()
             except Exception as exc:  # the database blinked: the next round retries
+                if stop_requested():
+                    raise
                 log.warning("lease_renewal_failed", error=f"{type(exc).__name__}: {exc}")
 
     async def close(self) -> None:

@@ -23,6 +23,7 @@ from sqlalchemy import update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from bot.storage.models import Turn, TurnStatus
+from bot.turns.cancellation import stop_requested
 
 log = structlog.get_logger(__name__)
 
@@ -79,6 +80,8 @@ class PartialReplies:
                         on_lost()
                     return
             except Exception as exc:  # a database blink costs readers one step, not the turn
+                if stop_requested():
+                    raise
                 log.warning("partial_reply_not_saved", error=f"{type(exc).__name__}: {exc}")
                 continue
             saved = text

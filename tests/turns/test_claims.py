@@ -214,3 +214,34 @@ async def test_a_worker_whose_turn_was_taken_over_stops_generating_it(
     # the stream ended with the ending the other worker stored.
     assert time.monotonic() - taken_over < 5.0
     assert events[-1].kind == "error" and events[-1].data["error_class"] == "internal"
+
+
+@pytest.mark.parametrize("loop_name", ["_poll_once", "renew"])
+async def test_stopping_the_claims_ends_loops_whose_cancellation_came_out_as_another_error(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch, loop_name: str
+) -> None:
+    # SQLAlchemy once turned a poll's CancelledError into PendingRollbackError on its way
+    # out (an invalidated SQLite connection); the poller took it for a database blink and
+    # polled on, and the shutdown that had cancelled it waited for ever.
+    async def interrupted(*_: Any) -> None:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            raise RuntimeError("the library's own error on the way out") from None
+
+    monkeypatch.setattr(LeasedClaims, loop_name, interrupted)
+    engine = create_engine(pg_url)
+    claims = LeasedClaims(
+        create_sessionmaker(engine), worker_id="stopping", lease_s=0.3, poll_interval_s=0.01
+    )
+    try:
+        claims.start(lambda _conversation_id: None, lambda _turn_id: False)
+        await asyncio.sleep(0.3)  # both loops are inside their interrupted call
+        closing = asyncio.ensure_future(claims.close())
+        await asyncio.wait({closing}, timeout=5)
+        assert closing.done(), "a loop went on after it was stopped"
+    finally:
+        # Had a loop gone on, it now sleeps between rounds, where a cancel stops it.
+        for task in claims._tasks:
+            task.cancel()
+        await engine.dispose()
