@@ -246,13 +246,6 @@ async def path_entries(
     return [PathEntry(*row) for row in rows]
 
 
-async def next_message_seq(session: AsyncSession, conversation_id: str) -> int:
-    last = await session.scalar(
-        select(func.max(Message.seq)).where(Message.conversation_id == conversation_id)
-    )
-    return 0 if last is None else int(last) + 1
-
-
 async def load_history(
     session: AsyncSession, conversation_id: str, *, at: int | None = None
 ) -> History:

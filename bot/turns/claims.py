@@ -239,7 +239,7 @@ class TurnClaims(abc.ABC):
     def _running_here(self) -> Any:
         """The SQL condition for a running turn this process is responsible for."""
 
-    async def reap_dead(self, schedule: Callable[[str], None]) -> list[str]:
+    async def reap_dead(self, schedule: Schedule) -> list[str]:
         """Fail turns left ``running`` here with no live generation for ``watchdog_grace_s``.
 
         Returns the ids it failed; their conversations are scheduled again.
@@ -336,22 +336,18 @@ class TurnClaims(abc.ABC):
 
     # -- background: renew and poll ----------------------------------------------------
 
-    def start(self, schedule: Callable[[str], None], cancel: Callable[[str], bool]) -> None:
+    def start(self, schedule: Schedule, cancel: CancelHere) -> None:
         """Poll for claimable turns, dead turns and (several workers) leases and cancels."""
         self._tasks = [
             asyncio.create_task(self._poll_forever(schedule, cancel), name="turn-poller")
         ]
 
-    async def _poll_once(
-        self, schedule: Callable[[str], None], cancel: Callable[[str], bool]
-    ) -> None:
+    async def _poll_once(self, schedule: Schedule, cancel: CancelHere) -> None:
         await self.reap_dead(schedule)
         for conversation_id in await self.claimable_conversations():
             schedule(conversation_id)
 
-    async def _poll_forever(
-        self, schedule: Callable[[str], None], cancel: Callable[[str], bool]
-    ) -> None:
+    async def _poll_forever(self, schedule: Schedule, cancel: CancelHere) -> None:
         while True:
             await asyncio.sleep(self.poll_interval_s)
             try:
@@ -524,13 +520,11 @@ class LeasedClaims(TurnClaims):
                 )
             )
 
-    def start(self, schedule: Callable[[str], None], cancel: Callable[[str], bool]) -> None:
+    def start(self, schedule: Schedule, cancel: CancelHere) -> None:
         super().start(schedule, cancel)
         self._tasks.append(asyncio.create_task(self._renew_forever(), name="lease-renewal"))
 
-    async def _poll_once(
-        self, schedule: Callable[[str], None], cancel: Callable[[str], bool]
-    ) -> None:
+    async def _poll_once(self, schedule: Schedule, cancel: CancelHere) -> None:
         await super()._poll_once(schedule, cancel)
         for turn_id in await self.cancel_requests():
             if cancel(turn_id):  # True the first time only

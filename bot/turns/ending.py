@@ -44,7 +44,6 @@ TurnObserver = Callable[[dict[str, Any]], None]
 """Called with the fields of every canonical ``turn`` line (metrics hook in here)."""
 ChargeTurn = Callable[[AsyncSession, Turn], Awaitable[None]]
 
-FINAL_WRITE_ATTEMPTS = 5
 FINAL_WRITE_BACKOFF_S = (0.2, 0.5, 1.0, 2.0)
 """Pauses between attempts of a final write: about 4 s of patience in all."""
 FINAL_WRITE_ATTEMPT_TIMEOUT_S = 5.0

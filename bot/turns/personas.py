@@ -24,7 +24,6 @@ from bot.turns.chat_format import ChatFormat
 from bot.turns.settings import GenerationSettings
 
 PERSONA_NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,31}$"
-PERSONA_NAME_MAX_CHARS = 32
 
 
 class PersonaSettings(BaseModel):
