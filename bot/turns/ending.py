@@ -105,6 +105,20 @@ class TurnEnd:
     def usage(self) -> dict[str, int | None]:
         return usage(self.prompt_tokens, self.cached_tokens, self.completion_tokens)
 
+    @property
+    def links(self) -> dict[str, Any]:
+        """How this turn relates to others, where it does: the compaction it started, the
+        turns it answered together with its own, the turn that answered it."""
+        related: dict[str, Any] = {}
+        if self.compaction_id is not None:
+            related["compaction_id"] = self.compaction_id
+        if self.coalesced:
+            related["coalesced"] = list(self.coalesced)
+        if self.coalesced_into is not None:
+            # Answered by another turn: its reply is on that turn's stream.
+            related["coalesced_into"] = self.coalesced_into
+        return related
+
     def without_history(self, error_class: ErrorClass, message: str) -> TurnEnd:
         """The same turn, failed: what is recorded when its real ending cannot be stored."""
         return dataclasses.replace(
@@ -143,14 +157,8 @@ def final_event(turn_id: str, end: TurnEnd) -> tuple[str, dict[str, Any]]:
             "usage": end.usage,
             "finish_reason": end.finish_reason,
             "timings_ms": dict(end.timings_ms),
+            **end.links,
         }
-        if end.compaction_id is not None:
-            data["compaction_id"] = end.compaction_id
-        if end.coalesced:
-            data["coalesced"] = list(end.coalesced)
-        if end.coalesced_into is not None:
-            # Answered by another turn: its reply is on that turn's stream.
-            data["coalesced_into"] = end.coalesced_into
         return "done", data
     error_class = end.error_class or ErrorClass.INTERNAL
     return "error", {
@@ -344,12 +352,7 @@ class TurnEndings:
         timings = dict(end.timings_ms)
         ttft, e2e = timings.pop("ttft", None), timings.pop("e2e", None)
         fields.update(layer_ms=timings, ttft_ms=ttft, e2e_ms=e2e)
-        if end.compaction_id is not None:
-            fields["compaction_id"] = end.compaction_id
-        if end.coalesced:
-            fields["coalesced"] = list(end.coalesced)
-        if end.coalesced_into is not None:
-            fields["coalesced_into"] = end.coalesced_into
+        fields.update(end.links)
         fields.update(end.log_fields)
         log.info("turn", **fields)
         for observer in self.observers:
