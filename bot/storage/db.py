@@ -22,6 +22,8 @@ from sqlalchemy.pool import NullPool, PoolResetState
 from sqlalchemy.util import await_only
 from sqlalchemy.util.concurrency import in_greenlet
 
+from bot.storage.sqlite_driver import OneTripDBAPI
+
 SQLITE_BUSY_TIMEOUT_MS = 5000
 READ_ONLY = "bot_read_only"
 """Execution option of the read-only sessions (``create_read_sessionmaker``)."""
@@ -201,7 +203,10 @@ def create_engine(url: str, *, echo: bool = False) -> AsyncEngine:
     if parsed.get_backend_name() == "sqlite":
         if parsed.database and parsed.database != ":memory:":
             Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
-        engine = create_async_engine(url, echo=echo)
+        # aiosqlite's own adapter makes four trips to its thread per statement, each
+        # while a writer holds the write lock; this one makes one (sqlite_driver.py).
+        module = OneTripDBAPI() if parsed.get_driver_name() == "aiosqlite" else None
+        engine = create_async_engine(url, echo=echo, module=module)
         event.listen(engine.sync_engine, "connect", _on_sqlite_connect)
         event.listen(engine.sync_engine, "begin", _on_sqlite_begin)
         event.listen(engine.sync_engine, "commit", _on_sqlite_commit)
