@@ -23,7 +23,7 @@ from bot.config import load_settings
 from bot.engine.vllm_local import LocalVLLMEngine
 from bot.http.keys import TURNS
 from tests.conftest import MakeClient
-from tests.engines import MeetingEngine, SlowEngine
+from tests.engines import MeetingEngine, TrickleEngine
 from tests.fakes.telegram_api import FakeTelegram
 from tests.fakes.telegram_html import parse_html
 from tests.helpers import count_rows, load_history_rows
@@ -410,7 +410,8 @@ async def test_stop_reaches_a_reply_written_by_another_worker(
         await make_client(
             pg_url,
             telegram=[bot_table(fake_telegram)],
-            engine_override=SlowEngine(engine, 0.05),
+            # Growing for seconds whatever vLLM merges (SlowEngine pauses per step).
+            engine_override=TrickleEngine(engine, 4, 0.05),
             generation={"max_tokens": 600},
             workers=workers,
         ),

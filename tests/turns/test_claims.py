@@ -22,7 +22,7 @@ from bot.turns.ending import TurnEndings
 from bot.turns.partials import PartialReplies
 from bot.turns.streams import TurnStreams
 from tests.conftest import MakeClient, issue_key
-from tests.engines import SlowEngine, TrickleEngine
+from tests.engines import TrickleEngine
 from tests.helpers import auth, read_sse
 
 
@@ -78,9 +78,12 @@ async def test_a_turn_running_on_one_worker_is_stopped_from_another(
     pg_url: str, make_client: MakeClient, engine: LocalVLLMEngine
 ) -> None:
     workers = {"poll_interval_s": 0.1}
+    # A reply that keeps growing for seconds whatever vLLM merges (SlowEngine's pause is
+    # per step: a loaded machine merged 600 tokens into a few steps, ended in 1 s, and the
+    # stop came too late).
     runs_it = await make_client(
         pg_url,
-        engine_override=SlowEngine(engine, 0.05),
+        engine_override=TrickleEngine(engine, 4, 0.05),
         generation={"max_tokens": 600},
         workers=workers,
     )
