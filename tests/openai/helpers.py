@@ -26,11 +26,24 @@ USER_MESSAGES = [
 ]
 
 
+_OPENED: list[openai.AsyncOpenAI] = []
+"""SDK clients of the running test, closed after it (``conftest.py``)."""
+
+
 def sdk(client: TestClient[Any, Any], key: str) -> openai.AsyncOpenAI:
     """An SDK client for the app; no retries, so a refusal is seen as it is."""
-    return openai.AsyncOpenAI(
+    api = openai.AsyncOpenAI(
         base_url=f"http://127.0.0.1:{client.server.port}/v1", api_key=key, max_retries=0
     )
+    _OPENED.append(api)
+    return api
+
+
+async def close_sdk_clients() -> None:
+    # An SDK client left to the garbage collector leaves its sockets to it too: a
+    # ResourceWarning then fails whichever test happens to be running.
+    while _OPENED:
+        await _OPENED.pop().close()
 
 
 def cacheable(prompt_tokens: int, completion_tokens: int) -> int:
