@@ -5,13 +5,23 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass
 
-from sqlalchemy import func, select, update
+from sqlalchemy import ColumnElement, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import aliased
 
 from bot.storage.models import Conversation, InboundEvent, Message, Turn, utcnow
 from bot.storage.tokens import unpack_token_ids
+
+
+def _open_for_key(owner: str, channel: str, external_key: str) -> tuple[ColumnElement[bool], ...]:
+    """The conditions of a key's open conversation (at most one: a partial unique index)."""
+    return (
+        Conversation.owner == owner,
+        Conversation.channel == channel,
+        Conversation.external_key == external_key,
+        Conversation.closed_at.is_(None),
+    )
 
 
 async def open_conversation(
@@ -29,12 +39,7 @@ async def open_conversation(
     same conversation are settled by the partial unique index: the loser re-reads
     the winner's row.
     """
-    query = select(Conversation).where(
-        Conversation.owner == owner,
-        Conversation.channel == channel,
-        Conversation.external_key == external_key,
-        Conversation.closed_at.is_(None),
-    )
+    query = select(Conversation).where(*_open_for_key(owner, channel, external_key))
     conversation = (await session.scalars(query)).one_or_none()
     if conversation is not None:
         return conversation
@@ -78,12 +83,7 @@ async def take_turn_slot(
     """
     take = (
         update(Conversation)
-        .where(
-            Conversation.owner == owner,
-            Conversation.channel == channel,
-            Conversation.external_key == external_key,
-            Conversation.closed_at.is_(None),
-        )
+        .where(*_open_for_key(owner, channel, external_key))
         .values(next_turn_seq=Conversation.next_turn_seq + 1, updated_at=utcnow())
         .returning(Conversation.id, Conversation.persona, Conversation.next_turn_seq)
     )
@@ -108,12 +108,7 @@ async def find_open_conversation(
 ) -> Conversation | None:
     return (
         await session.scalars(
-            select(Conversation).where(
-                Conversation.owner == owner,
-                Conversation.channel == channel,
-                Conversation.external_key == external_key,
-                Conversation.closed_at.is_(None),
-            )
+            select(Conversation).where(*_open_for_key(owner, channel, external_key))
         )
     ).one_or_none()
 
@@ -124,12 +119,7 @@ async def close_conversation(
     """Close the open conversation for this key (``/new``); the next message opens a fresh one."""
     result = await session.execute(
         update(Conversation)
-        .where(
-            Conversation.owner == owner,
-            Conversation.channel == channel,
-            Conversation.external_key == external_key,
-            Conversation.closed_at.is_(None),
-        )
+        .where(*_open_for_key(owner, channel, external_key))
         .values(closed_at=utcnow())
     )
     return int(getattr(result, "rowcount", 0) or 0)
