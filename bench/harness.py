@@ -6,6 +6,10 @@ folder is first on ``sys.path``.
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Coroutine
+from typing import Any
+
 from aiohttp import web
 
 from bot.apikeys import create_key
@@ -38,3 +42,16 @@ async def bench_key(db_url: str, name: str, owner: str | None = None) -> str:
             return (await create_key(session, name=name, owner=owner)).key
     finally:
         await db.dispose()
+
+
+LOOPS = ("asyncio", "uvloop")
+"""``--loop``: the event loop a benchmark runs on (uvloop to compare, not a dependency)."""
+
+
+def run_on(loop: str, main: Coroutine[Any, Any, None]) -> None:
+    if loop == "uvloop":
+        import uvloop
+
+        uvloop.run(main)
+    else:
+        asyncio.run(main)

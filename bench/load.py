@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from harness import bench_key, percentile, serve_on_loopback
+from harness import LOOPS, bench_key, percentile, run_on, serve_on_loopback
 from slack_sdk.signature import SignatureVerifier
 from sqlalchemy import func, select
 
@@ -329,11 +329,6 @@ if __name__ == "__main__":
     )
     parser.add_argument("--database", default=None, help="a database URL (default: new SQLite)")
     parser.add_argument("--model-dir", default="data/demo-model")
-    parser.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio")
+    parser.add_argument("--loop", choices=LOOPS, default="asyncio")
     arguments = parser.parse_args()
-    if arguments.loop == "uvloop":
-        import uvloop
-
-        uvloop.run(main(arguments))
-    else:
-        asyncio.run(main(arguments))
+    run_on(arguments.loop, main(arguments))

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from harness import bench_key, percentile, serve_on_loopback
+from harness import LOOPS, bench_key, percentile, run_on, serve_on_loopback
 
 from bot.app import create_app
 from bot.config import load_settings
@@ -272,11 +272,6 @@ if __name__ == "__main__":
     parser.add_argument("--turns", type=int, default=12)
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--model-dir", default="data/demo-model")
-    parser.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio")
+    parser.add_argument("--loop", choices=LOOPS, default="asyncio")
     arguments = parser.parse_args()
-    if arguments.loop == "uvloop":
-        import uvloop
-
-        uvloop.run(main(arguments))
-    else:
-        asyncio.run(main(arguments))
+    run_on(arguments.loop, main(arguments))
