@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import abc
 import asyncio
-import contextlib
 import datetime as dt
 import enum
 import fcntl
@@ -39,7 +38,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -50,7 +49,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from bot.errors import ErrorClass
-from bot.storage.db import READ_ONLY, is_sqlite
+from bot.storage.db import create_read_sessionmaker, is_sqlite
 from bot.storage.models import Turn, TurnStatus, utcnow
 from bot.storage.queries import as_utc
 from bot.turns.cancellation import stop_requested
@@ -141,6 +140,10 @@ class TurnClaims(abc.ABC):
         watchdog_grace_s: float = WATCHDOG_GRACE_S,
     ) -> None:
         self._sessions = sessions
+        # Claims look at turns on every turn start and every poll: on SQLite a look that
+        # queued for the write lock behind every other conversation's accepts and final
+        # writes would hold up the first token for nothing.
+        self._read_sessions = create_read_sessionmaker(sessions.kw["bind"])
         self.worker_id = worker_id or default_worker_id()
         self.lease = dt.timedelta(seconds=lease_s)
         self.poll_interval_s = poll_interval_s
@@ -150,18 +153,6 @@ class TurnClaims(abc.ABC):
         self._endings: TurnEndings | None = None
         self._live: Callable[[], set[str]] = set
         self._dead_since: dict[str, float] = {}
-
-    @contextlib.asynccontextmanager
-    async def _reading(self) -> AsyncIterator[AsyncSession]:
-        """A session that only reads: on SQLite it does not queue for the write lock.
-
-        Claims look at turns on every turn start and every poll; behind the accepts and
-        final writes of every other conversation (``bot.storage.db``), a look that takes
-        the write lock would hold up the first token for nothing.
-        """
-        async with self._sessions() as session:
-            await session.connection(execution_options={READ_ONLY: True})
-            yield session
 
     def bind(
         self,
@@ -245,7 +236,7 @@ class TurnClaims(abc.ABC):
         Returns the ids it failed; their conversations are scheduled again.
         """
         query = select(Turn.id).where(Turn.status == TurnStatus.RUNNING, self._running_here())
-        async with self._reading() as session:
+        async with self._read_sessions() as session:
             running = set(await session.scalars(query))
         now = time.monotonic()
         dead = running - self._live()
@@ -302,7 +293,7 @@ class TurnClaims(abc.ABC):
 
     async def claimable_conversations(self) -> list[str]:
         """Conversations with a turn this worker could claim now (queued and free, or abandoned)."""
-        async with self._reading() as session:
+        async with self._read_sessions() as session:
             now = await self._now(session)
             rows = (
                 await session.execute(
@@ -382,7 +373,7 @@ class LocalClaims(TurnClaims):
     async def _claim_head(self, conversation_id: str) -> tuple[ClaimOutcome, Turn | None]:
         # A read: the runner starts the turn only if it is still queued (one locked
         # update), so a cancel landing in between is not lost.
-        async with self._reading() as session:
+        async with self._read_sessions() as session:
             turn = (
                 await session.scalars(
                     select(Turn)
@@ -509,7 +500,7 @@ class LeasedClaims(TurnClaims):
 
     async def cancel_requests(self) -> list[str]:
         """Turns running under this worker's lease that another worker was asked to stop."""
-        async with self._reading() as session:
+        async with self._read_sessions() as session:
             return list(
                 await session.scalars(
                     select(Turn.id).where(
