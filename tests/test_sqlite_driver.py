@@ -1,15 +1,19 @@
-"""The SQLite driver adapter: one trip to aiosqlite's thread per statement, same results."""
+"""The SQLite driver adapter: writes without a trip to aiosqlite's thread, reads with one a
+statement, the same results as sqlite3."""
 
 from __future__ import annotations
 
+import asyncio
+import sqlite3
 from typing import Any
 
 import aiosqlite
 import pytest
 import sqlalchemy.exc
 from sqlalchemy import text
+from sqlalchemy.engine import make_url
 
-from bot.storage.db import create_engine
+from bot.storage.db import READ_ONLY, create_engine
 
 
 def _count_trips(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
@@ -25,7 +29,7 @@ def _count_trips(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     return trips
 
 
-async def test_a_statement_is_one_trip_and_an_idle_commit_none(
+async def test_a_write_transaction_makes_no_trip_and_a_read_one_a_statement(
     sqlite_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     engine = create_engine(sqlite_url)
@@ -37,10 +41,61 @@ async def test_a_statement_is_one_trip_and_an_idle_commit_none(
             await conn.execute(text("INSERT INTO t (v) VALUES ('a')"))
             rows = (await conn.execute(text("SELECT v FROM t"))).all()
         assert rows == [("a",)]
-        # BEGIN IMMEDIATE, INSERT, SELECT, COMMIT (the writer queue's): SQLAlchemy's own
-        # COMMIT and the pool's rollback at checkin find no transaction and stay here.
-        assert len(trips) == 4, trips
+        # BEGIN IMMEDIATE, INSERT, SELECT, COMMIT all ran on this thread; SQLAlchemy's
+        # own COMMIT and the pool's rollback at checkin found no transaction.
+        assert trips == []
+        async with engine.execution_options(**{READ_ONLY: True}).connect() as conn:
+            rows = (await conn.execute(text("SELECT v FROM t"))).all()
+        assert rows == [("a",)]
+        # BEGIN DEFERRED, SELECT, and the rollback that ends the read.
+        assert len(trips) == 3, trips
+        async with engine.begin() as conn:  # writing again after a read
+            await conn.execute(text("INSERT INTO t (v) VALUES ('b')"))
+        assert len(trips) == 3, trips
     finally:
+        await engine.dispose()
+
+
+async def test_a_writer_waits_for_another_process_s_lock_off_the_loop(
+    sqlite_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another process holding the write lock (a botctl command, say) is waited for on
+    aiosqlite's thread, under the busy timeout: the event loop goes on meanwhile."""
+    engine = create_engine(sqlite_url)
+    other = sqlite3.connect(str(make_url(sqlite_url).database), isolation_level=None)
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.01)
+            ticks += 1
+
+    async def write() -> None:
+        async with engine.begin() as conn:
+            await conn.execute(text("INSERT INTO t (v) VALUES ('mine')"))
+
+    try:
+        async with engine.begin() as conn:
+            await conn.execute(text("CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT)"))
+        trips = _count_trips(monkeypatch)
+        other.execute("BEGIN IMMEDIATE")
+        other.execute("INSERT INTO t (v) VALUES ('other')")
+        ticking = asyncio.create_task(ticker())
+        writer = asyncio.create_task(write())
+        await asyncio.sleep(0.3)
+        assert not writer.done()
+        assert ticks >= 10  # the loop was not stopped by the wait
+        other.commit()
+        async with asyncio.timeout(3):
+            await writer
+        ticking.cancel()
+        assert len(trips) == 1, trips  # BEGIN IMMEDIATE, on the thread; the rest here
+        async with engine.connect() as conn:
+            rows = (await conn.execute(text("SELECT v FROM t ORDER BY id"))).all()
+        assert rows == [("other",), ("mine",)]
+    finally:
+        other.close()
         await engine.dispose()
 
 

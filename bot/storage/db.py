@@ -22,7 +22,7 @@ from sqlalchemy.pool import NullPool, PoolResetState
 from sqlalchemy.util import await_only
 from sqlalchemy.util.concurrency import in_greenlet
 
-from bot.storage.sqlite_driver import OneTripDBAPI
+from bot.storage.sqlite_driver import OneTripConnection, OneTripDBAPI
 
 SQLITE_BUSY_TIMEOUT_MS = 5000
 READ_ONLY = "bot_read_only"
@@ -119,8 +119,16 @@ def _on_sqlite_begin(connection: Any) -> None:
         lock = _writer_lock(database)
         if await_only(_acquire_within(lock, SQLITE_BUSY_TIMEOUT_MS / 1000)):
             info[_WRITER_HELD] = _WriterPlace(lock, asyncio.get_running_loop())
+    # Once it holds SQLite's lock, the transaction runs on this thread, with no trip to
+    # aiosqlite's (sqlite_driver.py): the lock is held microseconds, not loop iterations.
+    driver = connection.connection.dbapi_connection
     try:
-        connection.exec_driver_sql("BEGIN IMMEDIATE")
+        if isinstance(driver, OneTripConnection):
+            if not driver.begin_writing():
+                connection.exec_driver_sql("BEGIN IMMEDIATE")  # another process's turn first
+                driver.writing_begun()
+        else:
+            connection.exec_driver_sql("BEGIN IMMEDIATE")
     except BaseException:
         _release_writer(info)
         raise

@@ -1,4 +1,4 @@
-"""aiosqlite for SQLAlchemy with one trip to aiosqlite's thread per statement.
+"""aiosqlite for SQLAlchemy: one trip to aiosqlite's thread per read, none for a write.
 
 SQLAlchemy's aiosqlite adapter makes four trips per statement (open a cursor, execute,
 fetch the rows, close the cursor), each waiting for the worker thread and then for an
@@ -6,6 +6,13 @@ event-loop iteration. A statement itself takes tens of microseconds, the trips t
 milliseconds on a loaded machine, and a writer holds the one SQLite write lock across
 all of them. The cursor here runs the whole statement in one function on the thread
 and keeps what SQLAlchemy reads afterwards (rows, description, rowcount, lastrowid).
+
+A write transaction makes no trip at all: once it holds SQLite's write lock nothing in
+it can wait for another connection (WAL: readers never block a writer), so its
+statements, its commit and its rollback run on the calling thread, the event loop's,
+in microseconds each. A trip would cost a loop iteration per statement, milliseconds
+while the loop streams replies, all of it with the lock held and every other writer
+waiting (bot/storage/db.py: ``_on_sqlite_begin`` begins it with ``begin_writing``).
 
 Built on SQLAlchemy's adapter classes (sqlalchemy/connectors/asyncio.py,
 sqlalchemy/dialects/sqlite/aiosqlite.py) and aiosqlite's ``Connection._execute`` and
@@ -47,6 +54,14 @@ def _run_statement(
         return description, cursor.rowcount, cursor.lastrowid, rows
     finally:
         cursor.close()
+
+
+async def _run_here(
+    conn: sqlite3.Connection, operation: str, parameters: Any, many: bool
+) -> _Outcome:
+    # Awaited, it returns without suspending: no loop iteration, but an await all the
+    # same, which SQLAlchemy's AsyncConnection.execute requires of every call.
+    return _run_statement(conn, operation, parameters, many)
 
 
 class OneTripCursor(AsyncAdapt_aiosqlite_cursor):
@@ -99,10 +114,15 @@ class OneTripCursor(AsyncAdapt_aiosqlite_cursor):
         return self._run(operation, seq_of_parameters, many=True)
 
     def _run(self, operation: Any, parameters: Any, *, many: bool) -> Any:
+        adapted: OneTripConnection = self._adapt_connection  # type: ignore[assignment]
         try:
-            outcome = await_only(self._run_async(operation, parameters, many))
+            raw = adapted.writing_connection()
+            if raw is not None:
+                outcome = await_only(_run_here(raw, operation, parameters, many))
+            else:
+                outcome = await_only(self._run_async(operation, parameters, many))
         except Exception as error:
-            self._adapt_connection._handle_exception(error)
+            adapted._handle_exception(error)
         self._description, self._rowcount, self._lastrowid, rows = outcome
         self._rows = collections.deque(rows or ())
         return None
@@ -128,26 +148,92 @@ class OneTripConnection(AsyncAdapt_aiosqlite_connection):
 
     Commit and rollback outside a transaction skip the trip: SQLAlchemy commits after
     the writer queue's own commit (bot/storage/db.py), and the pool rolls back every
-    connection it takes back, both mostly with nothing to end.
+    connection it takes back, both mostly with nothing to end. Inside a write
+    transaction (``begin_writing``) they run on the calling thread.
     """
 
-    __slots__ = ()
+    __slots__ = ("_writing",)
 
     _cursor_cls = OneTripCursor  # type: ignore[assignment]  # a subclass of the base's
 
-    def _in_transaction(self) -> bool:
-        # A read of sqlite3's autocommit flag from the loop's thread (aiosqlite opens
-        # its connections with check_same_thread off); nothing of this connection runs
-        # on the worker meanwhile, its statements are awaited one after another.
+    def __init__(self, dbapi: Any, connection: Any) -> None:
+        super().__init__(dbapi, connection)
+        self._writing = False
+
+    def _raw(self) -> sqlite3.Connection | None:
+        # sqlite3's connection, used from the loop's thread (aiosqlite opens it with
+        # check_same_thread off); nothing of this connection runs on the worker
+        # meanwhile: its statements are awaited one after another.
         raw: sqlite3.Connection | None = self._connection._connection
+        return raw
+
+    def _in_transaction(self) -> bool:
+        raw = self._raw()
         return raw is not None and raw.in_transaction
 
+    def begin_writing(self) -> bool:
+        """BEGIN IMMEDIATE here and now if SQLite's write lock is free; False if not.
+
+        The lock is only ever busy when another process holds it (this process's
+        writers queue for it first, bot/storage/db.py); the caller then waits for it
+        on aiosqlite's thread (``BEGIN IMMEDIATE`` as a statement, under the busy
+        timeout) and calls ``writing_begun``. Any other failure also answers False,
+        for that statement to raise it the usual way.
+        """
+        raw = self._raw()
+        if raw is None or raw.in_transaction:
+            return False
+        try:
+            # No busy handler for this one attempt: on the loop's thread, a wait
+            # for another process would stop every task of this one.
+            _, _, _, rows = _run_statement(raw, "PRAGMA busy_timeout", (), many=False)
+            busy_timeout_ms = int(rows[0][0]) if rows else 0
+            _run_statement(raw, "PRAGMA busy_timeout=0", (), many=False)
+            try:
+                _run_statement(raw, "BEGIN IMMEDIATE", (), many=False)
+            finally:
+                restore = f"PRAGMA busy_timeout={busy_timeout_ms}"
+                _run_statement(raw, restore, (), many=False)
+        except sqlite3.Error:
+            if not raw.in_transaction:
+                return False
+        self._writing = True
+        return True
+
+    def writing_begun(self) -> None:
+        """The write transaction began on aiosqlite's thread: the rest runs here."""
+        self._writing = self._in_transaction()
+
+    def writing_connection(self) -> sqlite3.Connection | None:
+        """sqlite3's connection while it holds the write lock in a transaction, else None."""
+        if not self._writing:
+            return None
+        raw = self._raw()
+        if raw is not None and raw.in_transaction:
+            return raw
+        # Ended (committed, rolled back, or by SQLite itself on an error): what
+        # follows, a read-only transaction say, goes to the thread again.
+        self._writing = False
+        return None
+
     def commit(self) -> None:
-        if self._in_transaction():
+        raw = self.writing_connection()
+        if raw is not None:
+            try:
+                raw.commit()
+            except Exception as error:
+                self._handle_exception(error)
+        elif self._in_transaction():
             super().commit()
 
     def rollback(self) -> None:
-        if self._in_transaction():
+        raw = self.writing_connection()
+        if raw is not None:
+            try:
+                raw.rollback()
+            except Exception as error:
+                self._handle_exception(error)
+        elif self._in_transaction():
             super().rollback()
 
 
