@@ -9,11 +9,19 @@ of the test suite (tests/fakes/). A client that waits for the ack before
 sending the next message would hide a slow ack behind its own pacing: here a
 message leaves at its scheduled time whatever the earlier ones are doing.
 
+The arrivals are sent from a separate process with its own event loop
+(bench/load_client.py); this process only serves. A client outside the service
+is another process: sent from the service's own loop, building, signing and
+timing each request and reading each response would compete with the server
+for that loop and show in the ack, which is not what an outside client sees.
+``--client-in-process`` sends them from the service's loop as before, to compare.
+
 Prints, per rate and channel: messages sent, ack p50/p99/max, refused (not
 acknowledged) and lost (acknowledged but without a final turn once the engine
 has drained; must be 0), then the first rate whose ack p99 passes 25 ms.
 
 Run:  .venv/bin/python bench/load.py --rates 25,50,100 --seconds 4
+      .venv/bin/python bench/load.py --rates 50,100 --client-in-process
       .venv/bin/python bench/load.py --database postgresql+asyncpg://127.0.0.1/test
 """
 
@@ -21,22 +29,26 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import copy
 import datetime as dt
-import itertools
-import json
 import os
-import random
 import sys
 import tempfile
-import time
 import uuid
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 from harness import LOOPS, bench_key, percentile, run_on, serve_on_loopback
-from slack_sdk.signature import SignatureVerifier
+from load_client import (
+    SLACK_BOT_USER,
+    SLACK_SIGNING_SECRET,
+    SLACK_USER,
+    TELEGRAM_BOT,
+    TELEGRAM_SECRET,
+    InProcessClient,
+    LoadClient,
+    Plan,
+    SubprocessClient,
+)
 from sqlalchemy import func, select
 
 from bot.app import create_app
@@ -55,117 +67,11 @@ from tests.fakes.slack_api import FakeSlackApi
 from tests.fakes.telegram_api import FakeTelegram
 
 ACK_P99_GOAL_MS = 25.0
-TESTS = Path(__file__).resolve().parents[1] / "tests"
-"""The real payload fixtures live in each channel's test folder."""
 CHANNELS = ("api", "telegram", "slack")
-TELEGRAM_BOT = "loadbot"
 TELEGRAM_TOKEN = "7000000002:AAHdqTcvCH1vGWJxfSeofSAs0K5PALDload"
-TELEGRAM_SECRET = "load-Secret_header"
 SLACK_TOKEN = "xoxb-load-0001"
 SLACK_TEAM = "T0001TEAM"
 SLACK_APP = "A0001APP"
-SLACK_BOT_USER = "UBOT0001"
-SLACK_USER = "U0001ALICE"
-SLACK_CHANNEL = "C0001LOAD"
-SLACK_SIGNING_SECRET = "8f742231b10e8888abcd99yyyzzz85a5"
-
-
-class Senders:
-    """One message as each platform sends it: (path, body, headers) for a conversation."""
-
-    def __init__(self, key: str) -> None:
-        self._key = key
-        self._telegram = json.loads(
-            (TESTS / "telegram" / "fixtures" / "private_text.json").read_text()
-        )
-        self._slack = json.loads((TESTS / "slack" / "fixtures" / "app_mention.json").read_text())
-        self._verifier = SignatureVerifier(SLACK_SIGNING_SECRET)
-        # Telegram's update ids are the dedupe key: a run on a database that keeps earlier
-        # runs' events (PostgreSQL) must not repeat them, or its messages are duplicates.
-        # Below 10**6 with a run's messages: Slack's ts keeps its six decimals.
-        self._ids = itertools.count(random.randrange(1, 900_000))
-
-    def request(
-        self, channel: str, run: str, conversation: int, text: str
-    ) -> tuple[str, bytes, dict[str, str]]:
-        number = next(self._ids)
-        if channel == "telegram":
-            update = copy.deepcopy(self._telegram)
-            update["update_id"] = 800_000_000 + number
-            message = update["message"]
-            message["message_id"] = number
-            message["chat"]["id"] = message["from"]["id"] = 500_000 + conversation
-            message.update(text=text, date=int(time.time()))
-            headers = {"X-Telegram-Bot-Api-Secret-Token": TELEGRAM_SECRET}
-            return f"/telegram/{TELEGRAM_BOT}", json.dumps(update).encode(), headers
-        if channel == "slack":
-            body = copy.deepcopy(self._slack)
-            body["event_id"] = f"Ev{run}{number:08d}"
-            body["event_time"] = int(time.time())
-            ts = f"{int(time.time())}.{number:06d}"
-            body["event"].update(
-                ts=ts,
-                event_ts=ts,
-                thread_ts=f"1700000000.{conversation:06d}",
-                channel=SLACK_CHANNEL,
-                user=SLACK_USER,
-                text=f"<@{SLACK_BOT_USER}> {text}",
-            )
-            body["event"].pop("blocks", None)
-            raw = json.dumps(body)
-            now = str(int(time.time()))
-            signature = self._verifier.generate_signature(timestamp=now, body=raw) or ""
-            headers = {
-                "Content-Type": "application/json",
-                "X-Slack-Request-Timestamp": now,
-                "X-Slack-Signature": signature,
-            }
-            return "/slack/events", raw.encode(), headers
-        payload = {"conversation_id": f"{run}-c{conversation}", "message_id": f"{run}-m{number}"}
-        headers = {"Authorization": f"Bearer {self._key}", "Content-Type": "application/json"}
-        return "/v1/messages", json.dumps({**payload, "text": text}).encode(), headers
-
-
-async def post_one(
-    http: aiohttp.ClientSession, base: str, request: tuple[str, bytes, dict[str, str]]
-) -> tuple[float, int]:
-    path, body, headers = request
-    started = time.perf_counter()
-    async with http.post(f"{base}{path}", data=body, headers=headers) as response:
-        await response.read()
-        return (time.perf_counter() - started) * 1000, response.status
-
-
-async def arrivals(
-    http: aiohttp.ClientSession,
-    base: str,
-    senders: Senders,
-    channels: list[str],
-    rate: float,
-    seconds: float,
-    conversations: int,
-    run: str,
-) -> list[tuple[str, float, int]]:
-    """Send Poisson arrivals at ``rate``/s for ``seconds``; (channel, ack ms, status) each."""
-    rng = random.Random(f"{run}-{rate}")
-    tasks: list[asyncio.Task[tuple[float, int]]] = []
-    sent: list[str] = []
-    start = time.perf_counter()
-    at = 0.0
-    index = 0
-    while at < seconds:
-        delay = start + at - time.perf_counter()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        channel = channels[index % len(channels)]
-        text = f"Message {index}: tell me something about the number {index}."
-        request = senders.request(channel, run, index % conversations, text)
-        tasks.append(asyncio.create_task(post_one(http, base, request)))
-        sent.append(channel)
-        index += 1
-        at += rng.expovariate(rate)
-    results = await asyncio.gather(*tasks)
-    return [(channel, ms, status) for channel, (ms, status) in zip(sent, results, strict=True)]
 
 
 async def final_turns(db_url: str, since: dt.datetime) -> dict[str, int]:
@@ -257,7 +163,6 @@ async def main(args: argparse.Namespace) -> None:
     app = await create_app(settings, engine=engine)
     runner, base = await serve_on_loopback(app)
     key = await bench_key(db_url, f"bench-{uuid.uuid4().hex[:6]}")
-    senders = Senders(key)
 
     rates = [float(r) for r in args.rates.split(",")]
     since = dt.datetime.now(dt.UTC)
@@ -266,28 +171,26 @@ async def main(args: argparse.Namespace) -> None:
     print(f"# conversations a channel, max_tokens={args.max_tokens}, demo model, CPU, database:")
     print(f"# {'SQLite' if db_url.startswith('sqlite') else 'PostgreSQL'}; load average", end="")
     print(f" {' '.join(f'{x:.2f}' for x in os.getloadavg())} at the start")
+    where = "the service's own event loop" if args.client_in_process else "a separate process"
+    print(f"# arrivals sent from {where}")
     print("rate/s  channel   sent  ack_p50_ms  ack_p99_ms  ack_max_ms  refused  lost")
     first_over: float | None = None
     accepted: dict[str, int] = dict.fromkeys(channels, 0)
-    connector = aiohttp.TCPConnector(limit=0)
+    client: LoadClient
+    if args.client_in_process:
+        client = InProcessClient(base, key, channels)
+    else:
+        client = SubprocessClient(base, key, channels, args.loop)
     try:
-        async with aiohttp.ClientSession(connector=connector) as http:
+        async with client:
             # Not measured: the engine's first requests, each channel's first message.
-            warmup = await arrivals(http, base, senders, channels, 5.0, args.warmup_s, 4, f"{run}w")
+            warmup = await client.send(Plan(5.0, args.warmup_s, 4, f"{run}w"))
             await app[TURNS].wait_idle(args.drain_s)
             for channel, _, status in warmup:
                 accepted[channel] += status in (200, 202)
             for rate in rates:
-                results = await arrivals(
-                    http,
-                    base,
-                    senders,
-                    channels,
-                    rate,
-                    args.seconds,
-                    args.conversations,
-                    f"{run}{rate:g}".replace(".", ""),
-                )
+                batch = f"{run}{rate:g}".replace(".", "")
+                results = await client.send(Plan(rate, args.seconds, args.conversations, batch))
                 await app[TURNS].wait_idle(args.drain_s)
                 finals = await final_turns(db_url, since)
                 for channel, _, status in results:
@@ -329,6 +232,13 @@ if __name__ == "__main__":
     )
     parser.add_argument("--database", default=None, help="a database URL (default: new SQLite)")
     parser.add_argument("--model-dir", default="data/demo-model")
-    parser.add_argument("--loop", choices=LOOPS, default="asyncio")
+    parser.add_argument(
+        "--loop", choices=LOOPS, default="asyncio", help="the service's and the client's loop"
+    )
+    parser.add_argument(
+        "--client-in-process",
+        action="store_true",
+        help="send the arrivals from the service's own event loop (not a separate process)",
+    )
     arguments = parser.parse_args()
     run_on(arguments.loop, main(arguments))
