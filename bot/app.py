@@ -7,6 +7,7 @@ turn service (which resumes queued turns on start and drains on stop).
 
 from __future__ import annotations
 
+import gc
 from collections.abc import AsyncIterator
 
 import structlog
@@ -140,8 +141,15 @@ async def create_app(
             )
         )
         await turns.recover()
+        # A full collection walks every tracked object: with the engine's and the
+        # libraries' millions of long-lived ones loaded it stalled the loop, every ack
+        # with it, for 250-380 ms (bench/load.py). Frozen, those are left out of every
+        # collection; what the service makes from now on is collected as before.
+        # (No collection first: it would take as long, at every start of the tests' apps.)
+        gc.freeze()
         log.info("service_started", host=settings.server.host, port=settings.server.port)
         yield
+        gc.unfreeze()  # another app may be made in this process (the tests make many)
         # ops.drain (on_shutdown) has drained the turns already; this is a no-op then.
         await turns.shutdown(settings.server.shutdown_grace_s)
         if policy.compactor is not None:
