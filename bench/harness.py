@@ -55,3 +55,33 @@ def run_on(loop: str, main: Coroutine[Any, Any, None]) -> None:
         uvloop.run(main)
     else:
         asyncio.run(main)
+
+
+class LoopLag:
+    """How late the service's event loop runs a callback, sampled every ``every_s``.
+
+    A handler waits at least this long before it starts: when the acks are slow and
+    this is not, the time goes elsewhere (a lock, the database); when it is, the loop
+    has more work than it can do.
+    """
+
+    def __init__(self, every_s: float = 0.005) -> None:
+        self._every_s = every_s
+        self.samples_ms: list[float] = []
+        self._task: asyncio.Task[None] | None = None
+
+    async def _sample(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            due = loop.time() + self._every_s
+            await asyncio.sleep(self._every_s)
+            self.samples_ms.append((loop.time() - due) * 1000)
+
+    def start(self) -> None:
+        self.samples_ms = []
+        self._task = asyncio.create_task(self._sample())
+
+    def stop(self) -> list[float]:
+        if self._task is not None:
+            self._task.cancel()
+        return self.samples_ms
