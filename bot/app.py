@@ -81,6 +81,9 @@ async def create_app(
     app[SESSIONS] = sessions
     read_sessions = create_read_sessionmaker(db_engine)
     app[READ_SESSIONS] = read_sessions
+    # A turn's own reads (its history, a prepared base) are short and on its critical
+    # path: on SQLite they run on the loop's thread, without a trip to aiosqlite's.
+    turn_reads = create_read_sessionmaker(db_engine, in_place=True)
     db_probe = create_probe_engine(settings.database.url)
     app[DB_PROBE] = db_probe
     owns_engine = engine is None
@@ -119,7 +122,7 @@ async def create_app(
             chat_format=fmt,
             engine=inference,
             sessions=sessions,
-            read_sessions=read_sessions,
+            read_sessions=turn_reads,
             fair_use=turns.fair_use,
             partials=(
                 None if turns.claims.exclusive else PartialReplies(sessions, turns.claims.worker_id)
@@ -128,7 +131,7 @@ async def create_app(
         turns.set_runner(
             TurnRunner(
                 sessions=sessions,
-                read_sessions=read_sessions,
+                read_sessions=turn_reads,
                 engine=inference,
                 chat_format=fmt,
                 streams=turns.streams,

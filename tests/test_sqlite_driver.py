@@ -13,7 +13,7 @@ import sqlalchemy.exc
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
-from bot.storage.db import READ_ONLY, create_engine
+from bot.storage.db import IN_PLACE, READ_ONLY, create_engine
 
 
 def _count_trips(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
@@ -53,6 +53,33 @@ async def test_a_write_transaction_makes_no_trip_and_a_read_one_a_statement(
             await conn.execute(text("INSERT INTO t (v) VALUES ('b')"))
         assert len(trips) == 3, trips
     finally:
+        await engine.dispose()
+
+
+async def test_a_read_asked_in_place_makes_no_trip_and_sees_what_was_committed(
+    sqlite_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = create_engine(sqlite_url)
+    in_place = engine.execution_options(**{READ_ONLY: True, IN_PLACE: True})
+    other = sqlite3.connect(str(make_url(sqlite_url).database), isolation_level=None)
+    try:
+        async with engine.begin() as conn:
+            await conn.execute(text("CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT)"))
+        trips = _count_trips(monkeypatch)
+        other.execute("BEGIN IMMEDIATE")  # another process writing: a reader waits for nobody
+        other.execute("INSERT INTO t (v) VALUES ('uncommitted')")
+        async with in_place.connect() as conn:
+            assert (await conn.execute(text("SELECT count(*) FROM t"))).scalar() == 0
+        other.commit()
+        async with in_place.connect() as conn:
+            rows = (await conn.execute(text("SELECT v FROM t"))).all()
+        assert rows == [("uncommitted",)]
+        assert trips == []
+        async with engine.execution_options(**{READ_ONLY: True}).connect() as conn:
+            await conn.execute(text("SELECT v FROM t"))  # not asked: on the thread
+        assert len(trips) == 3, trips
+    finally:
+        other.close()
         await engine.dispose()
 
 

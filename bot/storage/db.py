@@ -27,6 +27,8 @@ from bot.storage.sqlite_driver import OneTripConnection, OneTripDBAPI
 SQLITE_BUSY_TIMEOUT_MS = 5000
 READ_ONLY = "bot_read_only"
 """Execution option of the read-only sessions (``create_read_sessionmaker``)."""
+IN_PLACE = "bot_in_place"
+"""Execution option of read-only sessions whose short reads run on the loop's thread."""
 
 
 def _on_sqlite_connect(dbapi_connection: Any, _record: Any) -> None:
@@ -106,8 +108,12 @@ def _on_sqlite_begin(connection: Any) -> None:
     # Sessions that only read (READ_ONLY) begin deferred: in WAL mode they never take the
     # write lock, so a slow reader (an export piped into a slow consumer, a history load)
     # cannot hold up the turns' writes, and they do not wait for them either.
-    if connection.get_execution_options().get(READ_ONLY):
-        connection.exec_driver_sql("BEGIN DEFERRED")
+    options = connection.get_execution_options()
+    if options.get(READ_ONLY):
+        driver = connection.connection.dbapi_connection
+        in_place = options.get(IN_PLACE) and isinstance(driver, OneTripConnection)
+        if not (in_place and driver.begin_reading()):
+            connection.exec_driver_sql("BEGIN DEFERRED")
         return
     # The writers of this process queue on an asyncio lock (first come, first served)
     # before they ask SQLite: SQLite's own busy handler polls with sleeps growing to
@@ -244,13 +250,19 @@ def create_sessionmaker(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]
     return async_sessionmaker(engine, expire_on_commit=False)
 
 
-def create_read_sessionmaker(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
+def create_read_sessionmaker(
+    engine: AsyncEngine, *, in_place: bool = False
+) -> async_sessionmaker[AsyncSession]:
     """Sessions for code that only reads: on SQLite they never take the write lock.
 
     Writing in one of them can fail at once with "database is locked" instead of
     waiting its turn (see ``_on_sqlite_begin``): use ``create_sessionmaker`` to write.
+    ``in_place``: on SQLite the statements run on the event loop's thread, without a
+    trip to aiosqlite's (bot/storage/sqlite_driver.py); for a turn's own short reads
+    only, never for one that may take long (an export, a report).
     """
-    return async_sessionmaker(engine.execution_options(**{READ_ONLY: True}), expire_on_commit=False)
+    options = {READ_ONLY: True, IN_PLACE: in_place}
+    return async_sessionmaker(engine.execution_options(**options), expire_on_commit=False)
 
 
 _UNAVAILABLE_SIGNS = (

@@ -13,6 +13,9 @@ statements, its commit and its rollback run on the calling thread, the event loo
 in microseconds each. A trip would cost a loop iteration per statement, milliseconds
 while the loop streams replies, all of it with the lock held and every other writer
 waiting (bot/storage/db.py: ``_on_sqlite_begin`` begins it with ``begin_writing``).
+A read-only transaction that asks for it (``begin_reading``: a turn's own small
+reads, its claim and its history) runs in place too: in WAL mode a reader does not
+wait for writers either, and a trip per statement was most of a turn's start.
 
 Built on SQLAlchemy's adapter classes (sqlalchemy/connectors/asyncio.py,
 sqlalchemy/dialects/sqlite/aiosqlite.py) and aiosqlite's ``Connection._execute`` and
@@ -116,7 +119,7 @@ class OneTripCursor(AsyncAdapt_aiosqlite_cursor):
     def _run(self, operation: Any, parameters: Any, *, many: bool) -> Any:
         adapted: OneTripConnection = self._adapt_connection  # type: ignore[assignment]
         try:
-            raw = adapted.writing_connection()
+            raw = adapted.in_place_connection()
             if raw is not None:
                 outcome = await_only(_run_here(raw, operation, parameters, many))
             else:
@@ -148,17 +151,17 @@ class OneTripConnection(AsyncAdapt_aiosqlite_connection):
 
     Commit and rollback outside a transaction skip the trip: SQLAlchemy commits after
     the writer queue's own commit (bot/storage/db.py), and the pool rolls back every
-    connection it takes back, both mostly with nothing to end. Inside a write
-    transaction (``begin_writing``) they run on the calling thread.
+    connection it takes back, both mostly with nothing to end. Inside a transaction
+    begun in place (``begin_writing``, ``begin_reading``) they run on the calling thread.
     """
 
-    __slots__ = ("_writing",)
+    __slots__ = ("_in_place",)
 
     _cursor_cls = OneTripCursor  # type: ignore[assignment]  # a subclass of the base's
 
     def __init__(self, dbapi: Any, connection: Any) -> None:
         super().__init__(dbapi, connection)
-        self._writing = False
+        self._in_place = False
 
     def _raw(self) -> sqlite3.Connection | None:
         # sqlite3's connection, used from the loop's thread (aiosqlite opens it with
@@ -197,27 +200,45 @@ class OneTripConnection(AsyncAdapt_aiosqlite_connection):
         except sqlite3.Error:
             if not raw.in_transaction:
                 return False
-        self._writing = True
+        self._in_place = True
         return True
 
     def writing_begun(self) -> None:
         """The write transaction began on aiosqlite's thread: the rest runs here."""
-        self._writing = self._in_transaction()
+        self._in_place = self._in_transaction()
 
-    def writing_connection(self) -> sqlite3.Connection | None:
-        """sqlite3's connection while it holds the write lock in a transaction, else None."""
-        if not self._writing:
+    def begin_reading(self) -> bool:
+        """BEGIN DEFERRED here, the transaction's statements then here too; False if not.
+
+        Only for short reads: a statement in place holds up the whole event loop. In
+        WAL mode a reader waits for nobody (short of another process recovering the
+        database after a crash, or closing its last connection). On False (no
+        connection, a failure) the caller begins on aiosqlite's thread as usual.
+        """
+        raw = self._raw()
+        if raw is None or raw.in_transaction:
+            return False
+        try:
+            _run_statement(raw, "BEGIN DEFERRED", (), many=False)
+        except sqlite3.Error:
+            return False
+        self._in_place = True
+        return True
+
+    def in_place_connection(self) -> sqlite3.Connection | None:
+        """sqlite3's connection inside a transaction begun in place, else None."""
+        if not self._in_place:
             return None
         raw = self._raw()
         if raw is not None and raw.in_transaction:
             return raw
         # Ended (committed, rolled back, or by SQLite itself on an error): what
-        # follows, a read-only transaction say, goes to the thread again.
-        self._writing = False
+        # follows, a long read say, goes to the thread again.
+        self._in_place = False
         return None
 
     def commit(self) -> None:
-        raw = self.writing_connection()
+        raw = self.in_place_connection()
         if raw is not None:
             try:
                 raw.commit()
@@ -227,7 +248,7 @@ class OneTripConnection(AsyncAdapt_aiosqlite_connection):
             super().commit()
 
     def rollback(self) -> None:
-        raw = self.writing_connection()
+        raw = self.in_place_connection()
         if raw is not None:
             try:
                 raw.rollback()

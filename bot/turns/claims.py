@@ -142,8 +142,9 @@ class TurnClaims(abc.ABC):
         self._sessions = sessions
         # Claims look at turns on every turn start and every poll: on SQLite a look that
         # queued for the write lock behind every other conversation's accepts and final
-        # writes would hold up the first token for nothing.
-        self._read_sessions = create_read_sessionmaker(sessions.kw["bind"])
+        # writes would hold up the first token for nothing. Short, they run on the loop's
+        # thread (no trip to aiosqlite's).
+        self._read_sessions = create_read_sessionmaker(sessions.kw["bind"], in_place=True)
         self.worker_id = worker_id or default_worker_id()
         self.lease = dt.timedelta(seconds=lease_s)
         self.poll_interval_s = poll_interval_s
