@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass
 
-from sqlalchemy import ColumnElement, func, select, update
+from sqlalchemy import ColumnElement, Integer, Select, String, bindparam, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import aliased
@@ -86,6 +86,9 @@ async def take_turn_slot(
         .where(*_open_for_key(owner, channel, external_key))
         .values(next_turn_seq=Conversation.next_turn_seq + 1, updated_at=utcnow())
         .returning(Conversation.id, Conversation.persona, Conversation.next_turn_seq)
+        # Nothing of the session's to bring up to date: the ORM's check of every loaded
+        # object against the WHERE cost more than the statement itself.
+        .execution_options(synchronize_session=False)
     )
     row = (await session.execute(take)).one_or_none()
     if row is not None:
@@ -142,6 +145,7 @@ async def allocate_turn_seq(session: AsyncSession, conversation_id: str) -> int:
         .where(Conversation.id == conversation_id)
         .values(next_turn_seq=Conversation.next_turn_seq + 1, updated_at=utcnow())
         .returning(Conversation.next_turn_seq)
+        .execution_options(synchronize_session=False)
     )
     return int(result.scalar_one()) - 1
 
@@ -209,16 +213,13 @@ class PathEntry:
     token_ids: bytes
 
 
-async def path_entries(
-    session: AsyncSession, conversation_id: str, head_seq: int, *, through_bases: bool = False
-) -> list[PathEntry]:
-    """The entries from the root down to ``head_seq``, in order (one recursive query).
-
-    Without ``through_bases`` the walk stops at the latest base on the path: what
-    is above it was compacted away (stored, no longer prompted).
-    """
+def _path_statement(*, through_bases: bool) -> Select[int, str, str, str | None, bytes]:
+    # Built once, with bound parameters: building the recursive query anew for every
+    # turn cost the event loop about a millisecond of SQLAlchemy's construction.
+    conversation_id = bindparam("conversation_id", type_=String)
     step = select(Message.seq, Message.parent_seq, Message.role).where(
-        Message.conversation_id == conversation_id, Message.seq == head_seq
+        Message.conversation_id == conversation_id,
+        Message.seq == bindparam("head_seq", type_=Integer),
     )
     path = step.cte("path", recursive=True)
     parent = aliased(Message)
@@ -228,10 +229,36 @@ async def path_entries(
     if not through_bases:
         climb = climb.where(path.c.role != BASE_ROLE)
     path = path.union_all(climb)
-    rows = await session.execute(
+    return (
         select(Message.seq, Message.role, Message.text, Message.turn_id, Message.token_ids)
         .where(Message.conversation_id == conversation_id, Message.seq.in_(select(path.c.seq)))
         .order_by(Message.seq)
+    )
+
+
+_PATH = {through: _path_statement(through_bases=through) for through in (False, True)}
+
+_HEAD = select(
+    Conversation.head_seq,
+    select(func.max(Message.seq))
+    .where(Message.conversation_id == bindparam("conversation_id", type_=String))
+    .scalar_subquery(),
+    Conversation.persona,
+    Conversation.owner,
+).where(Conversation.id == bindparam("conversation_id", type_=String))
+"""The head (unless given), the last seq, the persona and the owner: one round trip."""
+
+
+async def path_entries(
+    session: AsyncSession, conversation_id: str, head_seq: int, *, through_bases: bool = False
+) -> list[PathEntry]:
+    """The entries from the root down to ``head_seq``, in order (one recursive query).
+
+    Without ``through_bases`` the walk stops at the latest base on the path: what
+    is above it was compacted away (stored, no longer prompted).
+    """
+    rows = await session.execute(
+        _PATH[through_bases], {"conversation_id": conversation_id, "head_seq": head_seq}
     )
     return [PathEntry(*row) for row in rows]
 
@@ -240,18 +267,8 @@ async def load_history(
     session: AsyncSession, conversation_id: str, *, at: int | None = None
 ) -> History:
     """The prompt up to entry ``at`` (default: the conversation's head; -1: empty)."""
-    last_seq = (
-        select(func.max(Message.seq))
-        .where(Message.conversation_id == conversation_id)
-        .scalar_subquery()
-    )
-    # One round trip for the head (unless given), the next free seq, the persona and the owner.
     head, last, persona, owner = (
-        await session.execute(
-            select(Conversation.head_seq, last_seq, Conversation.persona, Conversation.owner).where(
-                Conversation.id == conversation_id
-            )
-        )
+        await session.execute(_HEAD, {"conversation_id": conversation_id})
     ).one_or_none() or (None, None, None, None)
     next_seq = 0 if last is None else int(last) + 1
     if at is None:

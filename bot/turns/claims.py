@@ -539,6 +539,7 @@ class LeasedClaims(TurnClaims):
                 .where(in_use)
                 # On the database's clock (see ``database_now``).
                 .values(lease_expires_at=func.now() + self.lease)
+                .execution_options(synchronize_session=False)  # a new session
             )
         return int(getattr(result, "rowcount", 0) or 0)
 

@@ -299,6 +299,7 @@ class TurnEndings:
                     .where(Turn.id == turn_id, Turn.status.not_in(TurnStatus.FINAL))
                     .values(**final_columns(end))
                     .returning(Turn)
+                    .execution_options(synchronize_session=False)  # a new session
                 )
             ).one_or_none()
             if row is None:
@@ -314,6 +315,7 @@ class TurnEndings:
                     update(Conversation)
                     .where(Conversation.id == row.conversation_id)
                     .values(head_seq=history[-1].seq)
+                    .execution_options(synchronize_session=False)
                 )
             if charge is not None:
                 await charge(session, row)

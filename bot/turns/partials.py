@@ -97,5 +97,6 @@ class PartialReplies:
                     Turn.lease_owner == self.worker_id,
                 )
                 .values(reply_text=text)
+                .execution_options(synchronize_session=False)  # a new session
             )
         return int(getattr(result, "rowcount", 0) or 0) == 1

@@ -112,6 +112,7 @@ class TurnRunner:
                     .where(Turn.id == turn_id, Turn.status == TurnStatus.QUEUED)
                     .values(status=TurnStatus.RUNNING, started_at=utcnow())
                     .returning(Turn)
+                    .execution_options(synchronize_session=False)  # a new session
                 )
             ).one_or_none()
             if turn is None:
