@@ -26,7 +26,7 @@ from bot.engine.vllm_local import LocalVLLMEngine
 from bot.storage.db import is_sqlite
 from bot.storage.models import TurnStatus
 from tests.conftest import MakeClient, issue_key
-from tests.engines import NulByteEngine, SlowEngine
+from tests.engines import NulByteEngine, SlowEngine, TrickleEngine
 from tests.helpers import auth, count_rows, load_history_rows, load_turns, read_sse
 from tests.turns.conftest import WriteFaults
 
@@ -197,11 +197,13 @@ async def test_a_refused_accept_is_a_503_that_stores_nothing_and_can_be_retried(
 async def test_a_table_locked_longer_than_a_write_may_wait_delays_the_reply_only(
     db_url: str, make_client: MakeClient, engine: LocalVLLMEngine
 ) -> None:
-    slow = SlowEngine(engine, 0.0)
+    # The reply trickles for seconds whatever vLLM merges into one step: the lock is
+    # taken while it is still generating, so its final write meets the lock.
+    slow = TrickleEngine(engine, piece_chars=4, pause_s=0.0)
     client = await make_client(db_url, engine_override=slow)
     key = await issue_key(db_url)
     with structlog.testing.capture_logs() as logs:
-        slow.pause_s = 0.1  # long enough to take the lock while the reply is generating
+        slow.pause_s = 0.05
         first = await send(client, key, "m1", "Hello")
         await asyncio.sleep(0.3)
         await hold_lock(db_url, hold_s=7.0)
