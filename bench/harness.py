@@ -1,4 +1,5 @@
-"""What every benchmark here needs: a percentile, the app on a loopback port, an API key.
+"""What every benchmark here needs: a percentile, the app on a loopback port, an API key,
+and a client in a process of its own.
 
 Benchmarks import it as a sibling module (``from harness import ...``): a script's own
 folder is first on ``sys.path``.
@@ -7,8 +8,12 @@ folder is first on ``sys.path``.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
-from typing import Any
+import json
+import os
+import sys
+from collections.abc import Awaitable, Callable, Coroutine
+from pathlib import Path
+from typing import Any, Self
 
 from aiohttp import web
 
@@ -85,3 +90,66 @@ class LoopLag:
         if self._task is not None:
             self._task.cancel()
         return self.samples_ms
+
+
+LINE_LIMIT = 2**26
+"""One answer is one line: 4000 arrivals of bench/load.py take about 120 kB."""
+
+
+class JsonLinesProcess:
+    """A benchmark's client run as a process of its own: ``python SCRIPT ARGS...``.
+
+    A client outside the service is another process: run on the service's own event
+    loop, its building, parsing and timing of requests would compete with the server
+    for that loop and be counted as the service's time. Protocol: one JSON line on its
+    stdin per request, one JSON line back on its stdout (the other side is
+    ``answer_json_lines``); end of stdin ends the process. Secrets go in ``env``, not on
+    the command line.
+    """
+
+    def __init__(self, script: str, args: list[str], env: dict[str, str]) -> None:
+        self._command = [sys.executable, str(Path(script).resolve()), *args]
+        self._env = {**os.environ, **env}
+        self._process: asyncio.subprocess.Process | None = None
+
+    async def ask(self, request: Any) -> Any:
+        """Send one request, wait for its answer."""
+        process = self._process
+        assert process is not None and process.stdin is not None and process.stdout is not None
+        process.stdin.write(json.dumps(request).encode() + b"\n")
+        await process.stdin.drain()
+        line = await process.stdout.readline()
+        if not line:
+            name = Path(self._command[1]).name
+            raise RuntimeError(f"{name} exited ({await process.wait()})")
+        return json.loads(line)
+
+    async def __aenter__(self) -> Self:
+        self._process = await asyncio.create_subprocess_exec(
+            *self._command,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            env=self._env,
+            limit=LINE_LIMIT,
+        )
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        process = self._process
+        if process is None:
+            return
+        if process.stdin is not None:
+            process.stdin.close()  # end of the requests: the client cleans up and exits
+        try:
+            await asyncio.wait_for(process.wait(), 30)
+        except TimeoutError:
+            process.kill()
+            await process.wait()
+
+
+async def answer_json_lines(answer: Callable[[Any], Awaitable[Any]]) -> None:
+    """The client process's side of ``JsonLinesProcess``: one answer line per request line."""
+    while line := await asyncio.to_thread(sys.stdin.readline):
+        result = await answer(json.loads(line))
+        sys.stdout.write(json.dumps(result) + "\n")
+        sys.stdout.flush()

@@ -17,22 +17,19 @@ import itertools
 import json
 import os
 import random
-import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Protocol, Self
 
 import aiohttp
-from harness import LOOPS, run_on
+from harness import LOOPS, JsonLinesProcess, answer_json_lines, run_on
 from slack_sdk.signature import SignatureVerifier
 
 TESTS = Path(__file__).resolve().parents[1] / "tests"
 """The real payload fixtures live in each channel's test folder."""
 KEY_ENV = "BENCH_LOAD_KEY"
 """The API key reaches the client process in the environment, not on its command line."""
-RESULTS_LINE_LIMIT = 2**26
-"""The results of one batch are one line: 4000 arrivals take about 120 kB."""
 TELEGRAM_BOT = "loadbot"
 TELEGRAM_SECRET = "load-Secret_header"
 SLACK_BOT_USER = "UBOT0001"
@@ -194,51 +191,25 @@ class SubprocessClient:
     """Sends the arrivals from a process of its own: this file, run as a script."""
 
     def __init__(self, base: str, key: str, channels: list[str], loop: str) -> None:
-        self._command = [sys.executable, str(Path(__file__).resolve()), base, ",".join(channels)]
-        self._command += ["--loop", loop]
-        self._env = {**os.environ, KEY_ENV: key}
-        self._process: asyncio.subprocess.Process | None = None
+        args = [base, ",".join(channels), "--loop", loop]
+        self._process = JsonLinesProcess(__file__, args, {KEY_ENV: key})
 
     async def send(self, plan: Plan) -> list[Ack]:
-        process = self._process
-        assert process is not None and process.stdin is not None and process.stdout is not None
-        process.stdin.write(json.dumps(asdict(plan)).encode() + b"\n")
-        await process.stdin.drain()
-        line = await process.stdout.readline()
-        if not line:
-            raise RuntimeError(f"the load client exited ({await process.wait()})")
-        return [(channel, ms, status) for channel, ms, status in json.loads(line)]
+        results = await self._process.ask(asdict(plan))
+        return [(channel, ms, status) for channel, ms, status in results]
 
     async def __aenter__(self) -> Self:
-        self._process = await asyncio.create_subprocess_exec(
-            *self._command,
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            env=self._env,
-            limit=RESULTS_LINE_LIMIT,
-        )
+        await self._process.__aenter__()
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
-        process = self._process
-        if process is None:
-            return
-        if process.stdin is not None:
-            process.stdin.close()  # end of the plans: the client closes its session and exits
-        try:
-            await asyncio.wait_for(process.wait(), 30)
-        except TimeoutError:
-            process.kill()
-            await process.wait()
+        await self._process.__aexit__(*exc_info)
 
 
 async def serve_plans(base: str, key: str, channels: list[str]) -> None:
     """The client process: one line of results on stdout for each plan read from stdin."""
     async with InProcessClient(base, key, channels) as client:
-        while line := await asyncio.to_thread(sys.stdin.readline):
-            results = await client.send(Plan(**json.loads(line)))
-            sys.stdout.write(json.dumps(results) + "\n")
-            sys.stdout.flush()
+        await answer_json_lines(lambda plan: client.send(Plan(**plan)))
 
 
 if __name__ == "__main__":

@@ -11,9 +11,15 @@ Prints
   * the ratio of end-to-end time through the service to the same prompts sent
     straight to the engine (prefix cache reset in between, same concurrency).
 
+The HTTP client runs in a separate process with its own event loop
+(bench/turns_client.py); this process only serves (and, after, sends the same
+prompts straight to the engine). Run in the service's own loop, the client's
+reading and parsing of every stream event would count as the service's time.
+``--client-in-process`` runs it in the service's loop as before, to compare.
+
 Run:  .venv/bin/python bench/turns.py --conversations 4 --turns 12
       .venv/bin/python bench/turns.py --conversations 16 --turns 6   (16 concurrent chats)
-      add --loop uvloop to run the service on uvloop's event loop
+      add --loop uvloop to run the service (and the client) on uvloop's event loop
 """
 
 from __future__ import annotations
@@ -27,10 +33,9 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
-from typing import Any
 
-import aiohttp
 from harness import LOOPS, bench_key, percentile, run_on, serve_on_loopback
+from turns_client import Chats, run_chats, run_chats_in_subprocess
 
 from bot.app import create_app
 from bot.config import load_settings
@@ -42,62 +47,6 @@ from bot.storage.db import create_engine, create_sessionmaker
 from bot.storage.migrate import upgrade
 from bot.storage.models import Message, Turn
 from bot.storage.tokens import unpack_token_ids
-
-USER_LINES = [
-    "Hello! How are you today?",
-    "Tell me about the weather in Paris this week.",
-    "And what about London and Berlin?",
-    "Please answer briefly and politely.",
-    "What can I do for you? Numbers: 1 2 3 100.",
-    "Code: def main(): return print('hello world')",
-    "Markdown: **bold**, _italic_, `code`.",
-    "Questions and answers, greetings and farewells.",
-]
-
-
-async def read_stream(response: aiohttp.ClientResponse, started: float) -> dict[str, Any]:
-    """Client-side TTFT and e2e, plus the done event's payload."""
-    import json
-
-    first_delta: float | None = None
-    done: dict[str, Any] = {}
-    kind = ""
-    async for raw in response.content:
-        line = raw.decode().rstrip("\n")
-        if line.startswith("event: "):
-            kind = line[7:]
-        elif line.startswith("data: "):
-            if kind == "delta" and first_delta is None:
-                first_delta = time.perf_counter()
-            if kind in ("done", "error"):
-                done = {"kind": kind, **json.loads(line[6:])}
-    ended = time.perf_counter()
-    return {
-        "ttft_ms": ((first_delta or ended) - started) * 1000,
-        "e2e_ms": (ended - started) * 1000,
-        **done,
-    }
-
-
-async def chat(
-    http: aiohttp.ClientSession, base: str, key: str, conversation: str, turns: int
-) -> list[dict[str, Any]]:
-    results = []
-    headers = {"Authorization": f"Bearer {key}"}
-    for index in range(turns):
-        payload = {
-            "conversation_id": conversation,
-            "message_id": f"m{index}",
-            "text": USER_LINES[index % len(USER_LINES)],
-        }
-        started = time.perf_counter()
-        async with http.post(f"{base}/v1/messages", json=payload, headers=headers) as response:
-            body = await response.json()
-        ack_ms = (time.perf_counter() - started) * 1000
-        async with http.get(f"{base}{body['stream_url']}", headers=headers) as response:
-            result = await read_stream(response, started)
-        results.append({"turn": index, "ack_ms": ack_ms, "turn_id": body["turn_id"], **result})
-    return results
 
 
 async def stored_prompts(db_url: str) -> dict[str, list[tuple[int, list[int]]]]:
@@ -172,12 +121,12 @@ async def main(args: argparse.Namespace) -> None:
 
     key = await bench_key(db_url, "bench")
 
-    async with aiohttp.ClientSession() as http:
-        started = time.perf_counter()
-        per_conversation = await asyncio.gather(
-            *(chat(http, base, key, f"conv-{i}", args.turns) for i in range(args.conversations))
-        )
-        service_wall = time.perf_counter() - started
+    chats: Chats
+    if args.client_in_process:
+        chats = await run_chats(base, key, args.conversations, args.turns)
+    else:
+        chats = await run_chats_in_subprocess(base, key, args.conversations, args.turns, args.loop)
+    per_conversation, service_wall = chats.conversations, chats.wall_s
     results = [result for conversation in per_conversation for result in conversation]
     failures = [r for r in results if r.get("kind") != "done"]
 
@@ -228,6 +177,8 @@ async def main(args: argparse.Namespace) -> None:
     print(f"# {args.conversations} conversations x {args.turns} turns, ", end="")
     print(f"max_tokens={args.max_tokens}, demo model, CPU; load average ", end="")
     print(" ".join(f"{x:.2f}" for x in os.getloadavg()))
+    where = "the service's own event loop" if args.client_in_process else "a separate process"
+    print(f"# HTTP client ran in {where}")
     print(f"turns: {len(results)} ({len(failures)} failed)")
     print(f"prefix cache: {cached}/{cacheable} cacheable prompt tokens served from cache", end="")
     print(f" = {share:.1f} % (turns 2..{args.turns})")
@@ -272,6 +223,13 @@ if __name__ == "__main__":
     parser.add_argument("--turns", type=int, default=12)
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--model-dir", default="data/demo-model")
-    parser.add_argument("--loop", choices=LOOPS, default="asyncio")
+    parser.add_argument(
+        "--loop", choices=LOOPS, default="asyncio", help="the service's and the client's loop"
+    )
+    parser.add_argument(
+        "--client-in-process",
+        action="store_true",
+        help="run the HTTP client in the service's own event loop (not a separate process)",
+    )
     arguments = parser.parse_args()
     run_on(arguments.loop, main(arguments))

@@ -1,0 +1,130 @@
+"""The client side of bench/turns.py: N conversations x T turns over the HTTP API.
+
+Each turn: POST /v1/messages, then its SSE stream (``/v1/turns/{id}/events``)
+read to the end, timed by the client (TTFT from the POST to the first delta,
+end-to-end to the end of the stream, the POST's ack).
+
+By default bench/turns.py runs it as a separate process (``python
+bench/turns_client.py BASE_URL``, the API key in ``BENCH_TURNS_KEY``), with its
+own event loop, so that parsing every event of every stream does not share the
+service's loop and count as the service's time. Protocol (harness.JsonLinesProcess):
+one ``{"conversations": N, "turns": T}`` line on stdin, one ``Chats`` line back.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import aiohttp
+from harness import LOOPS, JsonLinesProcess, answer_json_lines, run_on
+
+KEY_ENV = "BENCH_TURNS_KEY"
+"""The API key reaches the client process in the environment, not on its command line."""
+USER_LINES = [
+    "Hello! How are you today?",
+    "Tell me about the weather in Paris this week.",
+    "And what about London and Berlin?",
+    "Please answer briefly and politely.",
+    "What can I do for you? Numbers: 1 2 3 100.",
+    "Code: def main(): return print('hello world')",
+    "Markdown: **bold**, _italic_, `code`.",
+    "Questions and answers, greetings and farewells.",
+]
+
+
+@dataclass(frozen=True)
+class Chats:
+    """What the client measured: per conversation, per turn, and the wall clock of them all.
+
+    A turn: ``turn`` (its index), ``turn_id``, ``ack_ms``, ``ttft_ms``, ``e2e_ms``, then
+    the final event's ``kind`` (done or error) and payload (``usage``, ``timings_ms``:
+    the turn's stored ``layer_ms``).
+    """
+
+    conversations: list[list[dict[str, Any]]]
+    wall_s: float
+
+
+async def read_stream(response: aiohttp.ClientResponse, started: float) -> dict[str, Any]:
+    """Client-side TTFT and e2e, plus the done event's payload."""
+    first_delta: float | None = None
+    done: dict[str, Any] = {}
+    kind = ""
+    async for raw in response.content:
+        line = raw.decode().rstrip("\n")
+        if line.startswith("event: "):
+            kind = line[7:]
+        elif line.startswith("data: "):
+            if kind == "delta" and first_delta is None:
+                first_delta = time.perf_counter()
+            if kind in ("done", "error"):
+                done = {"kind": kind, **json.loads(line[6:])}
+    ended = time.perf_counter()
+    return {
+        "ttft_ms": ((first_delta or ended) - started) * 1000,
+        "e2e_ms": (ended - started) * 1000,
+        **done,
+    }
+
+
+async def chat(
+    http: aiohttp.ClientSession, base: str, key: str, conversation: str, turns: int
+) -> list[dict[str, Any]]:
+    results = []
+    headers = {"Authorization": f"Bearer {key}"}
+    for index in range(turns):
+        payload = {
+            "conversation_id": conversation,
+            "message_id": f"m{index}",
+            "text": USER_LINES[index % len(USER_LINES)],
+        }
+        started = time.perf_counter()
+        async with http.post(f"{base}/v1/messages", json=payload, headers=headers) as response:
+            body = await response.json()
+        ack_ms = (time.perf_counter() - started) * 1000
+        async with http.get(f"{base}{body['stream_url']}", headers=headers) as response:
+            result = await read_stream(response, started)
+        results.append({"turn": index, "ack_ms": ack_ms, "turn_id": body["turn_id"], **result})
+    return results
+
+
+async def run_chats(base: str, key: str, conversations: int, turns: int) -> Chats:
+    """The conversations, all at once, from the calling event loop."""
+    async with aiohttp.ClientSession() as http:
+        started = time.perf_counter()
+        per_conversation = await asyncio.gather(
+            *(chat(http, base, key, f"conv-{i}", turns) for i in range(conversations))
+        )
+        return Chats(per_conversation, time.perf_counter() - started)
+
+
+async def run_chats_in_subprocess(
+    base: str, key: str, conversations: int, turns: int, loop: str
+) -> Chats:
+    """The same, from a process of its own: this file, run as a script on ``loop``."""
+    async with JsonLinesProcess(__file__, [base, "--loop", loop], {KEY_ENV: key}) as client:
+        answer = await client.ask({"conversations": conversations, "turns": turns})
+    return Chats(answer["conversations"], answer["wall_s"])
+
+
+async def answer_requests(base: str, key: str) -> None:
+    """The client process: one ``Chats`` line on stdout for each request read from stdin."""
+
+    async def answer(request: dict[str, int]) -> dict[str, Any]:
+        return asdict(await run_chats(base, key, request["conversations"], request["turns"]))
+
+    await answer_json_lines(answer)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("base", help="the service's base URL, e.g. http://127.0.0.1:8080")
+    parser.add_argument("--loop", choices=LOOPS, default="asyncio")
+    arguments = parser.parse_args()
+    run_on(arguments.loop, answer_requests(arguments.base, os.environ[KEY_ENV]))
