@@ -20,7 +20,13 @@ Prints, per rate and channel: messages sent, ack p50/p99/max, refused (not
 acknowledged) and lost (acknowledged but without a final turn once the engine
 has drained; must be 0), then the first rate whose ack p99 passes 25 ms.
 
+``--engine-server`` moves the engine out of the service's process: a real vLLM
+OpenAI server (tests/vllm_servers.py) on its own core, reached as
+``[engine] kind = "openai"``, so detokenization and the engine's output handling
+leave the loop that answers the acks.
+
 Run:  .venv/bin/python bench/load.py --rates 25,50,100 --seconds 4
+      .venv/bin/python bench/load.py --rates 25,50,100 --seconds 4 --engine-server
       .venv/bin/python bench/load.py --rates 50,100 --client-in-process
       .venv/bin/python bench/load.py --database postgresql+asyncpg://127.0.0.1/test
 """
@@ -33,6 +39,7 @@ import datetime as dt
 import os
 import sys
 import tempfile
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -54,6 +61,8 @@ from sqlalchemy import func, select
 from bot.app import create_app
 from bot.config import load_settings
 from bot.demo_model import build_demo_model
+from bot.engine.base import InferenceEngine
+from bot.engine.openai_remote import OpenAIRemoteEngine
 from bot.engine.vllm_local import LocalVLLMEngine
 from bot.http.keys import TURNS
 from bot.log import configure_logging
@@ -65,6 +74,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.fakes.slack_api import FakeSlackApi
 from tests.fakes.telegram_api import FakeTelegram
+from tests.vllm_servers import API_KEY, SERVED_MODEL_NAME, VLLMServer, launch, wait_ready
 
 ACK_P99_GOAL_MS = 25.0
 CHANNELS = ("api", "telegram", "slack")
@@ -147,16 +157,36 @@ async def main(args: argparse.Namespace) -> None:
     slack.add_workspace(SLACK_TOKEN, SLACK_TEAM, bot_user_id=SLACK_BOT_USER)
     slack.add_user(SLACK_TEAM, SLACK_USER, display_name="Alice")
     await slack.start()
+    engine_section: dict[str, Any] = {
+        "model": str(model),
+        "dtype": "float32",
+        "max_model_len": 4096,
+        "block_size": 32,
+    }
+    server: VLLMServer | None = None
+    if args.engine_server:
+        # The server on the second core; the service (and its loop) keep the first.
+        server = launch(model, workdir, core=1 % (os.cpu_count() or 1))
+        await asyncio.to_thread(wait_ready, server, time.monotonic())
+        engine_section.update(
+            kind="openai",
+            base_urls=[server.base_url],
+            api_key=API_KEY,
+            served_model_name=SERVED_MODEL_NAME,
+            max_model_len=1024,
+        )
     settings = load_settings(
         None,
         database={"url": db_url},
-        engine={"model": str(model), "dtype": "float32", "max_model_len": 4096, "block_size": 32},
+        engine=engine_section,
         generation={"max_tokens": args.max_tokens, "temperature": 0.0, "top_p": 1.0},
         logging={"level": "WARNING"},
         limits={"messages_per_minute": 0, "tokens_per_day": 0},
         **platform_settings(telegram, slack),
     )
-    engine = LocalVLLMEngine(settings.engine)
+    engine: InferenceEngine = (
+        OpenAIRemoteEngine(settings.engine) if server else LocalVLLMEngine(settings.engine)
+    )
     await engine.start()
     app = await create_app(settings, engine=engine)
     runner, base = await serve_on_loopback(app)
@@ -171,6 +201,7 @@ async def main(args: argparse.Namespace) -> None:
     print(f" {' '.join(f'{x:.2f}' for x in os.getloadavg())} at the start")
     where = "the service's own event loop" if args.client_in_process else "a separate process"
     print(f"# arrivals sent from {where}")
+    print(f"# engine: {'a vLLM server in its own process' if server else 'in the service process'}")
     print("rate/s  channel   sent  ack_p50_ms  ack_p99_ms  ack_max_ms  refused  lost")
     first_over: float | None = None
     accepted: dict[str, int] = dict.fromkeys(channels, 0)
@@ -211,6 +242,8 @@ async def main(args: argparse.Namespace) -> None:
     finally:
         await runner.cleanup()
         await engine.shutdown()
+        if server:
+            server.stop()
         await slack.close()
         await telegram.__aexit__(None, None, None)
     if first_over is None:
@@ -244,6 +277,11 @@ if __name__ == "__main__":
         "--client-in-process",
         action="store_true",
         help="send the arrivals from the service's own event loop (not a separate process)",
+    )
+    parser.add_argument(
+        "--engine-server",
+        action="store_true",
+        help="the engine in a vLLM OpenAI server process of its own, not in the service",
     )
     arguments = parser.parse_args()
     run_on(arguments.loop, main(arguments))
