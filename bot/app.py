@@ -86,12 +86,14 @@ async def create_app(
     turn_reads = create_read_sessionmaker(db_engine, in_place=True)
     db_probe = create_probe_engine(settings.database.url)
     app[DB_PROBE] = db_probe
-    owns_engine = engine is None
     inference = engine if engine is not None else build_engine(settings)
     app[ENGINE] = inference
     turns = TurnService(sessions, TurnStreams())
     app[TURNS] = turns
     turns.claims = build_claims(settings.workers, settings.database.url, sessions)
+    turns.runs_turns = settings.workers.run_turns
+    # An ingress-only process never generates: it starts no engine (nor frees one).
+    starts_engine = engine is None and settings.workers.run_turns
     turns.fair_use = FairUse(settings.limits)
     app[USAGE] = UsageReports(read_sessions, turns.fair_use)
     turns.personas = Personas(settings.personas, generation=settings.generation)
@@ -111,7 +113,7 @@ async def create_app(
     app[CHAT_FORMAT] = formats
 
     async def lifetime(app: web.Application) -> AsyncIterator[None]:
-        if owns_engine:
+        if starts_engine:
             await inference.start()
         fmt = formats.get()
         policy = build_policy(
@@ -159,7 +161,7 @@ async def create_app(
             await policy.compactor.close()  # background preparations, before the engine goes
         log.info("service_stopping")
         await http.close()
-        if owns_engine:
+        if starts_engine:
             await inference.shutdown()
         await db_engine.dispose()
         await db_probe.dispose()

@@ -21,6 +21,7 @@ from pydantic import (
     Field,
     ValidationError,
     create_model,
+    model_validator,
 )
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
@@ -28,6 +29,7 @@ from bot.channels.kind import unique_names
 from bot.channels.registry import CHANNELS
 from bot.engine.settings import DEFAULT_DATA_DIR, DEFAULT_DEMO_MODEL_DIR, EngineSettings
 from bot.http.settings import ServerSettings
+from bot.storage.db import is_sqlite
 from bot.turns.personas import PersonaSettings
 from bot.turns.settings import (
     CompactionSettings,
@@ -98,6 +100,16 @@ class CoreSettings(BaseSettings):
         default_factory=list
     )
     """System-prompt presets a conversation can be started with (``/mode NAME``, ``persona``)."""
+
+    @model_validator(mode="after")
+    def _ingress_only_needs_postgresql(self) -> CoreSettings:
+        if not self.workers.run_turns and is_sqlite(self.database.url):
+            # SQLite serves one process (its lock file): no other process could run the turns.
+            raise ValueError(
+                "workers.run_turns = false needs PostgreSQL: on SQLite the one `botctl serve`"
+                " runs every turn"
+            )
+        return self
 
     @classmethod
     def settings_customise_sources(

@@ -30,7 +30,7 @@ from bot.app import create_app
 from bot.config import ServerSettings, Settings
 from bot.engine.base import InferenceEngine
 from bot.http.deadlines import app_runner
-from bot.http.keys import ENGINE
+from bot.http.keys import ENGINE, TURNS
 from bot.http.ops import admin_app, readiness
 from bot.turns.chat_format import ChatFormat
 
@@ -73,10 +73,12 @@ async def _wait_ready(app: web.Application) -> None:
 
 async def _watchdog(app: web.Application, interval_s: float) -> None:
     engine = app[ENGINE]
+    runs_turns = app[TURNS].runs_turns  # an ingress-only process has no engine to watch
     while True:
         try:
             async with asyncio.timeout(interval_s):
-                await engine.check_health()
+                if runs_turns:
+                    await engine.check_health()
         except Exception as exc:
             # No ping: if this lasts, systemd kills and restarts the unit (Restart=on-failure).
             log.error("watchdog_engine_unhealthy", error=f"{type(exc).__name__}: {exc}")

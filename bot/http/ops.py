@@ -71,6 +71,8 @@ async def readiness(app: web.Application) -> str | None:
     except Exception as exc:
         log.warning("not_ready", layer="database", error=f"{type(exc).__name__}: {exc}")
         return "database: not answering"
+    if not app[TURNS].runs_turns:
+        return None  # ingress-only: no engine here, the database is all it needs
     try:
         async with asyncio.timeout(READY_CHECK_TIMEOUT_S):
             await app[ENGINE].check_health()

@@ -56,6 +56,7 @@ from bot.turns.cancellation import stop_requested
 from bot.turns.ending import TurnEnd, TurnEndings, apply_to_row
 from bot.turns.replies import ReplySink, TurnAddress
 from bot.turns.settings import WorkerSettings
+from bot.turns.wakeups import WakeupListener
 
 log = structlog.get_logger(__name__)
 
@@ -423,6 +424,7 @@ class LeasedClaims(TurnClaims):
     """Several workers on one PostgreSQL: leases taken and judged under row locks."""
 
     exclusive = False
+    wakeups: WakeupListener | None = None
 
     async def _claim_head(self, conversation_id: str) -> tuple[ClaimOutcome, Turn | None]:
         head_id = (
@@ -515,6 +517,12 @@ class LeasedClaims(TurnClaims):
     def start(self, schedule: Schedule, cancel: CancelHere) -> None:
         super().start(schedule, cancel)
         self._tasks.append(asyncio.create_task(self._renew_forever(), name="lease-renewal"))
+        # Turns accepted by ingress-only processes are announced: claimed at once instead
+        # of after FRESH_TURN_GRACE and a poll.
+        self.wakeups = WakeupListener(
+            self._sessions.kw["bind"], schedule, retry_s=self.poll_interval_s
+        )
+        self.wakeups.start()
 
     async def _poll_once(self, schedule: Schedule, cancel: CancelHere) -> None:
         await super()._poll_once(schedule, cancel)
@@ -556,6 +564,8 @@ class LeasedClaims(TurnClaims):
 
     async def close(self) -> None:
         """Stop renewing and polling; hand back queued turns claimed but not started."""
+        if self.wakeups is not None:
+            await self.wakeups.close()
         await super().close()
         try:
             async with self._sessions() as session, session.begin():

@@ -28,6 +28,7 @@ from bot.errors import ErrorClass
 from bot.storage import queries
 from bot.storage.models import InboundEvent, Turn, TurnStatus, new_id
 from bot.storage.text import storable, storable_or_none
+from bot.turns import wakeups
 from bot.turns.branching import Edit, ForkRefused, fork_turn, latest_turn
 from bot.turns.branching import activate as activate_branch
 from bot.turns.cancellation import Cancellations
@@ -129,6 +130,9 @@ class TurnService:
         self._accepting = True
         self.claims: TurnClaims = LocalClaims(sessions)
         """Turn leases; the app replaces it with one configured for several workers."""
+        self.runs_turns = True
+        """False in an ingress-only process (``workers.run_turns``): it stores and announces
+        the turns it accepts (``bot.turns.wakeups``) and the workers run them."""
         self.fair_use: FairUse | None = None
         self.personas: Personas | None = None
         """The configured personas; channels look names up here, the runner uses them."""
@@ -204,6 +208,8 @@ class TurnService:
                         turn_id=turn.id,
                     )
                 )
+                if not self.runs_turns:
+                    await wakeups.announce(session, slot.conversation_id)
         except RateLimited as exc:
             # A redelivery of a message already accepted is acknowledged, never refused.
             return await self._find_duplicate(message) or self._refuse(message, exc.refusal)
@@ -343,6 +349,8 @@ class TurnService:
                             turn_id=turn.id,
                         )
                     )
+                if not self.runs_turns:
+                    await wakeups.announce(session, turn.conversation_id)
         except RateLimited as exc:
             return Accepted("", "", duplicate=False, rate_limited=exc.refusal)
         except IntegrityError:
@@ -508,7 +516,7 @@ class TurnService:
     # -- scheduling --------------------------------------------------------------------
 
     def schedule(self, conversation_id: str) -> None:
-        if not self._accepting:
+        if not self._accepting or not self.runs_turns:
             return
         self._dirty.add(conversation_id)
         if conversation_id not in self._workers:
@@ -581,6 +589,8 @@ class TurnService:
         on PostgreSQL. ``bot.turns.claims`` then keeps polling for such turns.
         """
         self.claims.bind(self.open_reply, self.endings, self.live_turn_ids)
+        if not self.runs_turns:
+            return  # the workers that run turns recover and poll; this process only accepts
         await self.claims.recover()
         for conversation_id in await self.claims.claimable_conversations():
             self.schedule(conversation_id)

@@ -37,6 +37,11 @@ class _Section(BaseModel):
 class WorkerSettings(_Section):
     """Several ``botctl serve`` processes on one PostgreSQL share the turns (docs/scaling.md)."""
 
+    run_turns: bool = True
+    """False: an ingress-only process (PostgreSQL only). It verifies, stores and acknowledges
+    messages and never runs a turn: it starts no engine, and the processes with
+    ``run_turns = true`` on the same database are woken for each turn it accepts
+    (``bot.turns.wakeups``). Its acks then wait for no turn's work (docs/scaling.md)."""
     id: str | None = None
     """This process's name in turn leases; default host:pid:random. A fixed id lets a
     restarted worker take its own interrupted turns back at once instead of after the lease."""

@@ -1,0 +1,87 @@
+"""An ingress-only process (``workers.run_turns = false``) beside a worker, on real PostgreSQL.
+
+The ingress process stores and acknowledges; the worker, woken by the accept's
+``pg_notify``, runs the turn. The worker polls only every 30 s here, and leaves
+a fresh turn to its accepter for ``FRESH_TURN_GRACE`` (2 s): a turn answered in
+well under that came by the wake-up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from sqlalchemy import select
+
+from bot.config import ConfigError, load_settings
+from bot.engine.vllm_local import LocalVLLMEngine
+from bot.http.keys import TURNS
+from bot.storage.db import create_engine, create_sessionmaker
+from bot.storage.models import Turn
+from bot.turns.claims import FRESH_TURN_GRACE, LeasedClaims
+from tests.conftest import MakeClient, issue_key
+from tests.helpers import auth, read_sse
+
+
+async def test_a_worker_runs_the_turns_an_ingress_only_process_accepts(
+    pg_url: str, make_client: MakeClient, engine: LocalVLLMEngine
+) -> None:
+    worker = await make_client(pg_url, workers={"id": "worker", "poll_interval_s": 30})
+    ingress = await make_client(pg_url, workers={"id": "ingress", "run_turns": False})
+    claims = worker.app[TURNS].claims
+    assert isinstance(claims, LeasedClaims) and claims.wakeups is not None
+    await asyncio.wait_for(claims.wakeups.listening.wait(), 10)
+    key = await issue_key(pg_url)
+
+    turn_ids = []
+    for index, text in enumerate(["Hello there", "And again"]):
+        message = {"conversation_id": "c1", "message_id": f"m{index}", "text": text}
+        started = time.monotonic()
+        response = await ingress.post("/v1/messages", json=message, headers=auth(key))
+        assert response.status == 202
+        body = await response.json()
+        # Read from the ingress process: it follows the turn's row.
+        events = await asyncio.wait_for(
+            read_sse(await ingress.get(body["stream_url"], headers=auth(key))), 20
+        )
+        assert events[-1].kind == "done"
+        assert time.monotonic() - started < FRESH_TURN_GRACE.total_seconds()
+        turn_ids.append(body["turn_id"])
+
+    engine_db = create_engine(pg_url)
+    try:
+        async with create_sessionmaker(engine_db)() as session:
+            rows = (await session.scalars(select(Turn).where(Turn.id.in_(turn_ids)))).all()
+    finally:
+        await engine_db.dispose()
+    assert sorted(row.seq for row in rows) == [0, 1]
+    assert all(row.status == "done" and row.reply_text for row in rows)
+    assert all(row.lease_owner in (None, "worker") for row in rows)
+
+
+async def test_an_ingress_only_process_is_ready_without_running_turns(
+    pg_url: str, make_client: MakeClient
+) -> None:
+    ingress = await make_client(pg_url, workers={"run_turns": False})
+    response = await ingress.get("/readyz")
+    assert response.status == 200
+    key = await issue_key(pg_url)
+    message = {"conversation_id": "c2", "message_id": "m1", "text": "Anyone there?"}
+    response = await ingress.post("/v1/messages", json=message, headers=auth(key))
+    assert response.status == 202
+    turn_id = (await response.json())["turn_id"]
+    await asyncio.sleep(0.5)
+    # No worker: the turn waits, queued, for one.
+    turn = await (await ingress.get(f"/v1/turns/{turn_id}", headers=auth(key))).json()
+    assert turn["status"] == "queued"
+    assert ingress.app[TURNS].in_flight == 0
+
+
+def test_ingress_only_is_refused_on_sqlite() -> None:
+    with pytest.raises(ConfigError, match="run_turns"):
+        load_settings(
+            None,
+            database={"url": "sqlite+aiosqlite:///bot.db"},
+            workers={"run_turns": False},
+        )
