@@ -25,10 +25,17 @@ OpenAI server (tests/vllm_servers.py) on its own core, reached as
 ``[engine] kind = "openai"``, so detokenization and the engine's output handling
 leave the loop that answers the acks.
 
+``--ingress-process`` (PostgreSQL) acknowledges in a process of its own: a real
+``botctl serve`` with ``workers.run_turns = false`` takes the arrivals, stores
+them and answers, and this process, woken by each accept's ``pg_notify``, runs
+the turns (docs/scaling.md).
+
 Run:  .venv/bin/python bench/load.py --rates 25,50,100 --seconds 4
       .venv/bin/python bench/load.py --rates 25,50,100 --seconds 4 --engine-server
       .venv/bin/python bench/load.py --rates 50,100 --client-in-process
       .venv/bin/python bench/load.py --database postgresql+asyncpg://127.0.0.1/test
+      .venv/bin/python bench/load.py --database postgresql+asyncpg://127.0.0.1/test \
+          --ingress-process
 """
 
 from __future__ import annotations
@@ -36,10 +43,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime as dt
+import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any
@@ -66,7 +76,7 @@ from bot.engine.openai_remote import OpenAIRemoteEngine
 from bot.engine.vllm_local import LocalVLLMEngine
 from bot.http.keys import TURNS
 from bot.log import configure_logging
-from bot.storage.db import create_engine, create_sessionmaker
+from bot.storage.db import create_engine, create_sessionmaker, is_sqlite
 from bot.storage.migrate import upgrade
 from bot.storage.models import Turn, TurnStatus
 
@@ -74,7 +84,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.fakes.slack_api import FakeSlackApi
 from tests.fakes.telegram_api import FakeTelegram
-from tests.vllm_servers import API_KEY, SERVED_MODEL_NAME, VLLMServer, launch, wait_ready
+from tests.vllm_servers import (
+    API_KEY,
+    SERVED_MODEL_NAME,
+    VLLMServer,
+    free_port,
+    launch,
+    wait_ready,
+)
 
 ACK_P99_GOAL_MS = 25.0
 CHANNELS = ("api", "telegram", "slack")
@@ -105,6 +122,58 @@ async def final_turns(db_url: str, since: dt.datetime) -> dict[str, int]:
             return finals
     finally:
         await engine.dispose()
+
+
+async def drain(app_turns: Any, db_url: str, since: dt.datetime, timeout_s: float) -> None:
+    """Until every turn of this run is final: run here, or (``--ingress-process``) accepted
+    elsewhere and perhaps not announced to this process yet."""
+    engine = create_engine(db_url)
+    try:
+        async with asyncio.timeout(timeout_s):
+            while True:
+                await app_turns.wait_idle()
+                async with create_sessionmaker(engine)() as session:
+                    still_open = await session.scalar(
+                        select(func.count())
+                        .select_from(Turn)
+                        .where(Turn.status.not_in(TurnStatus.FINAL), Turn.created_at >= since)
+                    )
+                if not still_open:
+                    return
+                await asyncio.sleep(0.2)
+    finally:
+        await engine.dispose()
+
+
+def start_ingress_process(sections: dict[str, Any]) -> tuple[subprocess.Popen[bytes], str]:
+    """A real ``botctl serve`` that only acknowledges (``workers.run_turns = false``)."""
+    port = free_port()
+    env = {
+        **os.environ,
+        # Each section as JSON, as pydantic-settings reads complex values from the environment.
+        **{f"BOT_{name.upper()}": json.dumps(value) for name, value in sections.items()},
+        "BOT_SERVER": json.dumps({"host": "127.0.0.1", "port": port}),
+        "BOT_WORKERS": json.dumps({"run_turns": False}),
+    }
+    process = subprocess.Popen(
+        [sys.executable, "-m", "bot.cli", "serve"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+    )
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise SystemExit(f"the ingress process exited with {process.returncode}")
+        try:
+            with urllib.request.urlopen(f"{base}/readyz", timeout=2) as response:
+                if response.status == 200:
+                    return process, base
+        except OSError:
+            time.sleep(0.3)
+    process.kill()
+    raise SystemExit("the ingress process was not ready in 120 s")
 
 
 def platform_settings(telegram: FakeTelegram, slack: FakeSlackApi) -> dict[str, Any]:
@@ -175,21 +244,26 @@ async def main(args: argparse.Namespace) -> None:
             served_model_name=SERVED_MODEL_NAME,
             max_model_len=1024,
         )
-    settings = load_settings(
-        None,
-        database={"url": db_url},
-        engine=engine_section,
-        generation={"max_tokens": args.max_tokens, "temperature": 0.0, "top_p": 1.0},
-        logging={"level": "WARNING"},
-        limits={"messages_per_minute": 0, "tokens_per_day": 0},
+    sections: dict[str, Any] = {
+        "database": {"url": db_url},
+        "engine": engine_section,
+        "generation": {"max_tokens": args.max_tokens, "temperature": 0.0, "top_p": 1.0},
+        "logging": {"level": "WARNING", "format": "json"},
+        "limits": {"messages_per_minute": 0, "tokens_per_day": 0},
         **platform_settings(telegram, slack),
-    )
+    }
+    settings = load_settings(None, **sections)
     engine: InferenceEngine = (
         OpenAIRemoteEngine(settings.engine) if server else LocalVLLMEngine(settings.engine)
     )
     await engine.start()
     app = await create_app(settings, engine=engine)
     runner, base = await serve_on_loopback(app)
+    ingress: subprocess.Popen[bytes] | None = None
+    if args.ingress_process:
+        if is_sqlite(db_url):
+            raise SystemExit("--ingress-process needs --database postgresql+asyncpg://...")
+        ingress, base = await asyncio.to_thread(start_ingress_process, sections)
     key = await bench_key(db_url, f"bench-{uuid.uuid4().hex[:6]}")
 
     rates = [float(r) for r in args.rates.split(",")]
@@ -202,6 +276,8 @@ async def main(args: argparse.Namespace) -> None:
     where = "the service's own event loop" if args.client_in_process else "a separate process"
     print(f"# arrivals sent from {where}")
     print(f"# engine: {'a vLLM server in its own process' if server else 'in the service process'}")
+    if ingress is not None:
+        print("# acks from an ingress-only `botctl serve`; turns run in this process")
     print("rate/s  channel   sent  ack_p50_ms  ack_p99_ms  ack_max_ms  refused  lost")
     first_over: float | None = None
     accepted: dict[str, int] = dict.fromkeys(channels, 0)
@@ -215,7 +291,7 @@ async def main(args: argparse.Namespace) -> None:
         async with client:
             # Not measured: the engine's first requests, each channel's first message.
             warmup = await client.send(Plan(5.0, args.warmup_s, 4, f"{run}w"))
-            await app[TURNS].wait_idle(args.drain_s)
+            await drain(app[TURNS], db_url, since, args.drain_s)
             for channel, _, status in warmup:
                 accepted[channel] += status in (200, 202)
             for rate in rates:
@@ -223,7 +299,7 @@ async def main(args: argparse.Namespace) -> None:
                 lag.start()
                 results = await client.send(Plan(rate, args.seconds, args.conversations, batch))
                 lags = lag.stop()
-                await app[TURNS].wait_idle(args.drain_s)
+                await drain(app[TURNS], db_url, since, args.drain_s)
                 finals = await final_turns(db_url, since)
                 for channel, _, status in results:
                     accepted[channel] += status in (200, 202)
@@ -240,6 +316,9 @@ async def main(args: argparse.Namespace) -> None:
                 if first_over is None and p99 > ACK_P99_GOAL_MS:
                     first_over = rate
     finally:
+        if ingress is not None:
+            ingress.terminate()
+            await asyncio.to_thread(ingress.wait, 30)
         await runner.cleanup()
         await engine.shutdown()
         if server:
@@ -282,6 +361,11 @@ if __name__ == "__main__":
         "--engine-server",
         action="store_true",
         help="the engine in a vLLM OpenAI server process of its own, not in the service",
+    )
+    parser.add_argument(
+        "--ingress-process",
+        action="store_true",
+        help="acknowledge in an ingress-only `botctl serve` of its own (PostgreSQL)",
     )
     arguments = parser.parse_args()
     run_on(arguments.loop, main(arguments))
