@@ -24,6 +24,7 @@ import structlog
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
+from bot.storage.db import create_probe_engine
 from bot.turns.cancellation import stop_requested
 
 log = structlog.get_logger(__name__)
@@ -38,12 +39,16 @@ async def announce(session: AsyncSession, conversation_id: str) -> None:
 
 
 class WakeupListener:
-    """Listens for announced conversations on a connection of its own; reconnects."""
+    """Listens for announced conversations on a connection of its own; reconnects.
+
+    The connection is outside the request pool (held for the worker's lifetime, it
+    would take one of the pool's connections from the turns and the acks for good).
+    """
 
     def __init__(
-        self, engine: AsyncEngine, schedule: Callable[[str], None], *, retry_s: float
+        self, database: AsyncEngine, schedule: Callable[[str], None], *, retry_s: float
     ) -> None:
-        self._engine = engine
+        self._engine = create_probe_engine(database.url.render_as_string(hide_password=False))
         self._schedule = schedule
         self._retry_s = retry_s
         self._task: asyncio.Task[None] | None = None
@@ -59,6 +64,7 @@ class WakeupListener:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+        await self._engine.dispose()
 
     def _on_notification(self, _connection: Any, _pid: int, _channel: str, payload: str) -> None:
         self._schedule(payload)
@@ -83,11 +89,5 @@ class WakeupListener:
             driver.add_termination_listener(lambda _connection: lost.set())
             await driver.add_listener(CHANNEL, self._on_notification)
             self.listening.set()
-            try:
-                await lost.wait()
-            finally:
-                if not driver.is_closed():
-                    # Back to the pool without the LISTEN (or dropped, if that fails).
-                    with contextlib.suppress(Exception):
-                        await driver.remove_listener(CHANNEL, self._on_notification)
+            await lost.wait()  # closed with the connection when cancelled
             raise ConnectionError("the listening connection closed")
