@@ -236,14 +236,19 @@ def create_engine(url: str, *, echo: bool = False) -> AsyncEngine:
 
 
 def create_probe_engine(url: str) -> AsyncEngine:
-    """An engine without a pool, for health checks: each check opens its own connection.
+    """An engine of its own, for health checks: never the request pool's connections.
 
     It answers whether the database does, not whether the request pool has a free
     connection: under a burst of requests a pooled check would wait behind them and
     report the service not ready (a load balancer would then take load off a healthy
-    worker and pile it on the others).
+    worker and pile it on the others). On PostgreSQL it keeps its one connection
+    (pinged before use): a new one per check cost a server process each time and,
+    with the event loop busy, several slow round trips (3 s and "not answering" with
+    150 replies streaming). SQLite opens a file: no pool.
     """
-    return create_async_engine(url, poolclass=NullPool)
+    if is_sqlite(url):
+        return create_async_engine(url, poolclass=NullPool)
+    return create_async_engine(url, pool_size=1, max_overflow=1, pool_pre_ping=True)
 
 
 def create_sessionmaker(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
