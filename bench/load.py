@@ -146,7 +146,7 @@ async def drain(app_turns: Any, db_url: str, since: dt.datetime, timeout_s: floa
 
 
 def start_ingress_process(
-    sections: dict[str, Any], nice: int = 0
+    sections: dict[str, Any], log_path: Path, nice: int = 0
 ) -> tuple[subprocess.Popen[bytes], str]:
     """A real ``botctl serve`` that only acknowledges (``workers.run_turns = false``).
 
@@ -161,19 +161,20 @@ def start_ingress_process(
         "BOT_SERVER": json.dumps({"host": "127.0.0.1", "port": port}),
         "BOT_WORKERS": json.dumps({"run_turns": False}),
     }
-    process = subprocess.Popen(
-        [sys.executable, "-m", "bot.cli", "serve"],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.STDOUT,
-    )
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "bot.cli", "serve"],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     if nice:
         os.setpriority(os.PRIO_PROCESS, process.pid, nice)
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise SystemExit(f"the ingress process exited with {process.returncode}")
+            raise SystemExit(f"the ingress process exited ({process.returncode}): see {log_path}")
         try:
             with urllib.request.urlopen(f"{base}/readyz", timeout=2) as response:
                 if response.status == 200:
@@ -181,7 +182,7 @@ def start_ingress_process(
         except OSError:
             time.sleep(0.3)
     process.kill()
-    raise SystemExit("the ingress process was not ready in 120 s")
+    raise SystemExit(f"the ingress process was not ready in 120 s: see {log_path}")
 
 
 def platform_settings(telegram: FakeTelegram, slack: FakeSlackApi) -> dict[str, Any]:
@@ -271,7 +272,9 @@ async def main(args: argparse.Namespace) -> None:
     if args.ingress_process:
         if is_sqlite(db_url):
             raise SystemExit("--ingress-process needs --database postgresql+asyncpg://...")
-        ingress, base = await asyncio.to_thread(start_ingress_process, sections, args.ingress_nice)
+        ingress, base = await asyncio.to_thread(
+            start_ingress_process, sections, workdir / "ingress.log", args.ingress_nice
+        )
     key = await bench_key(db_url, f"bench-{uuid.uuid4().hex[:6]}")
 
     rates = [float(r) for r in args.rates.split(",")]
