@@ -172,13 +172,13 @@ def limits_show(key: str | None, user: str | None, as_json: bool) -> None:
             day = int(time.time() // DAY_S) * DAY_S
             rows: list[dict[str, str | int]] = []
             for subject in subjects:
-                effective = await fair_use.limits_for(session, subject)
+                standing = await fair_use.standing(session, subject, day)
                 rows.append(
                     {
                         "subject": subject,
-                        "messages_per_minute": effective.messages_per_minute,
-                        "tokens_per_day": effective.tokens_per_day,
-                        "tokens_used_today": await fair_use.tokens_used(session, subject, day),
+                        "messages_per_minute": standing.limits.messages_per_minute,
+                        "tokens_per_day": standing.limits.tokens_per_day,
+                        "tokens_used_today": standing.tokens_used,
                     }
                 )
         return rows

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import case, or_, select
+from sqlalchemy import BigInteger, String, bindparam, case, or_, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -105,7 +105,67 @@ def subjects_for(*, api_key_id: str | None, channel: str, user_id: str | None) -
 
 def _insert(session: AsyncSession) -> Any:
     """The dialect's INSERT, which knows ON CONFLICT (both backends support the same form)."""
-    return postgresql.insert if session.get_bind().dialect.name == "postgresql" else sqlite.insert
+    return postgresql.insert if _dialect(session) == "postgresql" else sqlite.insert
+
+
+def _dialect(session: AsyncSession) -> str:
+    return session.get_bind().dialect.name
+
+
+def _override(column: Any) -> Any:
+    return select(column).where(LimitOverride.subject == _SUBJECT).scalar_subquery()
+
+
+def _counter(column: Any, metric: str) -> Any:
+    return (
+        select(column)
+        .where(UsageCounter.subject == _SUBJECT, UsageCounter.metric == metric)
+        .scalar_subquery()
+    )
+
+
+# Built once, with bound parameters: an accept checks every subject, and building
+# these anew cost more of the event loop than running them.
+_SUBJECT = bindparam("subject", type_=String)
+_STANDING = select(
+    _override(LimitOverride.messages_per_minute),
+    _override(LimitOverride.tokens_per_day),
+    _counter(UsageCounter.window_start, TOKENS_PER_DAY),
+    _counter(UsageCounter.value, TOKENS_PER_DAY),
+)
+"""A subject's overrides (NULL: the default) and its day's token counter: one round trip."""
+
+
+def _take_message_statement(insert: Any) -> Any:
+    minute = bindparam("minute", type_=BigInteger)
+    statement = insert(UsageCounter).values(
+        subject=_SUBJECT, metric=MESSAGES_PER_MINUTE, window_start=minute, value=1
+    )
+    return statement.on_conflict_do_update(
+        index_elements=[UsageCounter.subject, UsageCounter.metric],
+        set_={
+            "value": case((UsageCounter.window_start == minute, UsageCounter.value + 1), else_=1),
+            "window_start": minute,
+        },
+        where=or_(
+            UsageCounter.window_start != minute,
+            UsageCounter.value < bindparam("limit", type_=BigInteger),
+        ),
+    ).returning(UsageCounter.value)
+
+
+_TAKE_MESSAGE = {
+    "postgresql": _take_message_statement(postgresql.insert),
+    "sqlite": _take_message_statement(sqlite.insert),
+}
+
+
+@dataclass(frozen=True)
+class Standing:
+    """Where a subject stands: its limits and the tokens it has used today."""
+
+    limits: Limits
+    tokens_used: int
 
 
 class FairUse:
@@ -117,18 +177,16 @@ class FairUse:
     def defaults(self) -> Limits:
         return self._defaults
 
-    async def limits_for(self, session: AsyncSession, subject: str) -> Limits:
-        override = await session.get(LimitOverride, subject)
-        if override is None:
-            return self._defaults
-        return Limits(
-            override.messages_per_minute
-            if override.messages_per_minute is not None
-            else self._defaults.messages_per_minute,
-            override.tokens_per_day
-            if override.tokens_per_day is not None
-            else self._defaults.tokens_per_day,
+    async def standing(self, session: AsyncSession, subject: str, day: int) -> Standing:
+        """``subject``'s limits (its override, else the default) and its tokens used on ``day``."""
+        messages, tokens, window_start, value = (
+            await session.execute(_STANDING, {"subject": subject})
+        ).one()
+        limits = Limits(
+            self._defaults.messages_per_minute if messages is None else int(messages),
+            self._defaults.tokens_per_day if tokens is None else int(tokens),
         )
+        return Standing(limits, int(value) if value is not None and window_start == day else 0)
 
     async def admit(self, session: AsyncSession, subjects: list[str]) -> None:
         """Count one message against every subject, or raise ``RateLimited``.
@@ -140,11 +198,9 @@ class FairUse:
         day = int(now // DAY_S) * DAY_S
         minute = int(now // MINUTE_S) * MINUTE_S
         for subject in subjects:
-            limits = await self.limits_for(session, subject)
-            if (
-                limits.tokens_per_day
-                and await self.tokens_used(session, subject, day) >= limits.tokens_per_day
-            ):
+            standing = await self.standing(session, subject, day)
+            limits = standing.limits
+            if limits.tokens_per_day and standing.tokens_used >= limits.tokens_per_day:
                 raise RateLimited(
                     Refusal(subject, TOKENS_PER_DAY, max(1, math.ceil(day + DAY_S - now)))
                 )
@@ -160,33 +216,10 @@ class FairUse:
     async def _take_message(
         self, session: AsyncSession, subject: str, minute: int, limit: int
     ) -> bool:
-        insert = _insert(session)
-        statement = insert(UsageCounter).values(
-            subject=subject, metric=MESSAGES_PER_MINUTE, window_start=minute, value=1
+        taken = await session.execute(
+            _TAKE_MESSAGE[_dialect(session)], {"subject": subject, "minute": minute, "limit": limit}
         )
-        statement = statement.on_conflict_do_update(
-            index_elements=[UsageCounter.subject, UsageCounter.metric],
-            set_={
-                "value": case(
-                    (UsageCounter.window_start == minute, UsageCounter.value + 1), else_=1
-                ),
-                "window_start": minute,
-            },
-            where=or_(UsageCounter.window_start != minute, UsageCounter.value < limit),
-        ).returning(UsageCounter.value)
-        return (await session.execute(statement)).scalar_one_or_none() is not None
-
-    async def tokens_used(self, session: AsyncSession, subject: str, day: int | None = None) -> int:
-        if day is None:
-            day = int(self._clock() // DAY_S) * DAY_S
-        row = (
-            await session.execute(
-                select(UsageCounter.window_start, UsageCounter.value).where(
-                    UsageCounter.subject == subject, UsageCounter.metric == TOKENS_PER_DAY
-                )
-            )
-        ).one_or_none()
-        return int(row.value) if row is not None and row.window_start == day else 0
+        return taken.scalar_one_or_none() is not None
 
     async def charge(self, session: AsyncSession, subjects: list[str], tokens: int) -> None:
         """Add a finished turn's tokens to each subject's day (atomic across workers)."""

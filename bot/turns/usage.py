@@ -250,8 +250,8 @@ class UsageReports:
             counted, limit = 0, 0
             if self._fair_use is not None:
                 window = int(now // DAY_S) * DAY_S
-                counted = await self._fair_use.tokens_used(session, subject, window)
-                limit = (await self._fair_use.limits_for(session, subject)).tokens_per_day
+                standing = await self._fair_use.standing(session, subject, window)
+                counted, limit = standing.tokens_used, standing.limits.tokens_per_day
         return Today(
             day=day,
             turns_done=sum(r.turns_done for r in rows),
