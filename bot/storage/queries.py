@@ -4,8 +4,20 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass
+from typing import Any, cast
 
-from sqlalchemy import ColumnElement, Integer, Select, String, bindparam, func, select, update
+from sqlalchemy import (
+    ColumnElement,
+    Integer,
+    Select,
+    String,
+    Table,
+    bindparam,
+    func,
+    insert,
+    select,
+    update,
+)
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import aliased
@@ -104,6 +116,33 @@ async def take_turn_slot(
         row = (await session.execute(take)).one()
         return TurnSlot(row[0], row[1], int(row[2]) - 1)
     return TurnSlot(conversation.id, conversation.persona, 0)
+
+
+# The tables, not the mapped classes: an ORM-enabled INSERT goes through the ORM's bulk
+# machinery for nothing here.
+_INSERT_TURN = insert(cast(Table, Turn.__table__))
+_INSERT_EVENT = insert(cast(Table, InboundEvent.__table__))
+
+
+async def insert_queued_turn(
+    session: AsyncSession, turn: dict[str, Any], *, channel: str, event_id: str
+) -> None:
+    """A new turn's row (``turn``: its columns, ``id`` included) and its inbound event.
+
+    Plain INSERTs, not ORM objects: an accept needs nothing back, and the unit of work
+    that would flush two objects cost the event loop more than both statements.
+    A redelivery fails here or at commit with ``IntegrityError`` (channel, event_id).
+    """
+    await session.execute(_INSERT_TURN, turn)
+    await session.execute(
+        _INSERT_EVENT,
+        {
+            "channel": channel,
+            "event_id": event_id,
+            "conversation_id": turn["conversation_id"],
+            "turn_id": turn["id"],
+        },
+    )
 
 
 async def find_open_conversation(

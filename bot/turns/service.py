@@ -183,30 +183,26 @@ class TurnService:
                 if message.persona is not None and slot.persona != message.persona:
                     # Raised out of the transaction: the turn number taken is rolled back.
                     raise _PersonaConflictError(PersonaConflict(slot.persona, message.persona))
-                turn = Turn(
-                    conversation_id=slot.conversation_id,
-                    seq=slot.seq,
+                turn_id = new_id()
+                await queries.insert_queued_turn(
+                    session,
+                    {
+                        "id": turn_id,
+                        "conversation_id": slot.conversation_id,
+                        "seq": slot.seq,
+                        "channel": message.channel,
+                        "reply_to": dict(message.reply_to),
+                        "user_id": storable_or_none(message.user_id),
+                        "user_name": storable_or_none(message.user_name),
+                        # Storable before it is ever tokenized: the stored text and ids agree.
+                        "user_text": storable(message.text),
+                        "api_key_id": message.api_key_id,
+                        "status": TurnStatus.QUEUED,
+                        "layer_ms": dict(message.layer_ms),
+                        "created_at": dt.datetime.fromtimestamp(message.received_at, dt.UTC),
+                    },
                     channel=message.channel,
-                    reply_to=dict(message.reply_to),
-                    user_id=storable_or_none(message.user_id),
-                    user_name=storable_or_none(message.user_name),
-                    # Storable before it is ever tokenized: the stored text and ids agree.
-                    user_text=storable(message.text),
-                    api_key_id=message.api_key_id,
-                    status=TurnStatus.QUEUED,
-                    layer_ms=dict(message.layer_ms),
-                    created_at=dt.datetime.fromtimestamp(message.received_at, dt.UTC),
-                )
-                # The id is made here, not at the flush: both rows go out in one flush.
-                turn.id = new_id()
-                session.add(turn)
-                session.add(
-                    InboundEvent(
-                        channel=message.channel,
-                        event_id=message.event_id,
-                        conversation_id=slot.conversation_id,
-                        turn_id=turn.id,
-                    )
+                    event_id=message.event_id,
                 )
                 if not self.runs_turns:
                     await wakeups.announce(session, slot.conversation_id)
@@ -223,14 +219,14 @@ class TurnService:
             if existing is None:
                 raise
             return existing
-        self._persist_ms[turn.id] = (time.perf_counter() - started) * 1000
+        self._persist_ms[turn_id] = (time.perf_counter() - started) * 1000
         while len(self._persist_ms) > PERSIST_TIMINGS_KEPT:
             self._persist_ms.popitem(last=False)
         if self.claims.exclusive:
             # With several workers another one may run it: the runner opens the stream there.
-            self.streams.open(turn.id)
+            self.streams.open(turn_id)
         self.schedule(slot.conversation_id)
-        return Accepted(turn.id, slot.conversation_id, duplicate=False)
+        return Accepted(turn_id, slot.conversation_id, duplicate=False)
 
     async def regenerate(self, turn_id: str, *, owner: str | None = None) -> Accepted:
         """Answer ``turn_id``'s message again, as a new attempt (``bot.turns.branching``).
