@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import IO, Any
 
 import structlog
-from sqlalchemy import func, select, true, update
+from sqlalchemy import String, bindparam, func, select, true, update
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -358,6 +358,18 @@ class TurnClaims(abc.ABC):
         self._tasks = []
 
 
+_OPEN_HEAD = (
+    select(Turn)
+    .where(
+        Turn.conversation_id == bindparam("conversation_id", type_=String),
+        Turn.status.in_(OPEN_STATUSES),
+    )
+    .order_by(Turn.seq)
+    .limit(1)
+)
+"""A conversation's oldest open turn; built once (it runs at every turn's start)."""
+
+
 class LocalClaims(TurnClaims):
     """A single process (SQLite): no lease to write, the per-conversation task is the lock.
 
@@ -377,12 +389,7 @@ class LocalClaims(TurnClaims):
         # update), so a cancel landing in between is not lost.
         async with self._read_sessions() as session:
             turn = (
-                await session.scalars(
-                    select(Turn)
-                    .where(Turn.conversation_id == conversation_id, Turn.status.in_(OPEN_STATUSES))
-                    .order_by(Turn.seq)
-                    .limit(1)
-                )
+                await session.scalars(_OPEN_HEAD, {"conversation_id": conversation_id})
             ).one_or_none()
             if turn is None:
                 return ClaimOutcome.IDLE, None

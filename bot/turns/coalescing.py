@@ -13,7 +13,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Sequence
 
-from sqlalchemy import select
+from sqlalchemy import String, bindparam, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from bot.storage.models import Turn, TurnStatus
@@ -24,22 +24,29 @@ SEPARATOR = "\n\n"
 COALESCED = "coalesced"
 
 
+_PENDING = (
+    select(Turn)
+    .where(
+        Turn.conversation_id == bindparam("conversation_id", type_=String),
+        Turn.status == TurnStatus.QUEUED,
+        Turn.id != bindparam("answering_id", type_=String),
+        # Edits and regenerations answer their own message, on their own branch.
+        Turn.parent_seq.is_(None),
+    )
+    .order_by(Turn.seq)
+    # Locked, so a concurrent cancel of one of them either lands first (and
+    # PostgreSQL re-checks it is still queued) or waits and finds it done.
+    .with_for_update()
+)
+"""The other queued turns a starting turn answers too; built once (every turn start)."""
+
+
 async def claim_pending(session: AsyncSession, answering: Turn) -> list[Turn]:
     """Mark the conversation's other queued turns as answered by ``answering`` (caller commits)."""
     pending = (
         await session.scalars(
-            select(Turn)
-            .where(
-                Turn.conversation_id == answering.conversation_id,
-                Turn.status == TurnStatus.QUEUED,
-                Turn.id != answering.id,
-                # Edits and regenerations answer their own message, on their own branch.
-                Turn.parent_seq.is_(None),
-            )
-            .order_by(Turn.seq)
-            # Locked, so a concurrent cancel of one of them either lands first (and
-            # PostgreSQL re-checks it is still queued) or waits and finds it done.
-            .with_for_update()
+            _PENDING,
+            {"conversation_id": answering.conversation_id, "answering_id": answering.id},
         )
     ).all()
     now = dt.datetime.now(dt.UTC)

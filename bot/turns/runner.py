@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import structlog
-from sqlalchemy import update
+from sqlalchemy import String, bindparam, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from bot.engine.base import GenerationChunk, GenerationRequest, InferenceEngine
@@ -38,6 +38,15 @@ from bot.turns.timing import LayerClock
 log = structlog.get_logger("bot.turn")
 
 OpenReply = Callable[[TurnAddress], ReplySink]
+
+_START = (
+    update(Turn)
+    .where(Turn.id == bindparam("turn_id", type_=String), Turn.status == TurnStatus.QUEUED)
+    .values(status=TurnStatus.RUNNING, started_at=bindparam("started_at"))
+    .returning(Turn)
+    .execution_options(synchronize_session=False)  # a new session: nothing to bring up to date
+)
+"""A queued turn's start; built once, it is on every turn's way to the first token."""
 
 
 @dataclass
@@ -107,13 +116,7 @@ class TurnRunner:
             # or finds it running. No read before it: that is one more round trip and,
             # on SQLite, one more wait for the write lock on the way to the first token.
             turn = (
-                await session.scalars(
-                    update(Turn)
-                    .where(Turn.id == turn_id, Turn.status == TurnStatus.QUEUED)
-                    .values(status=TurnStatus.RUNNING, started_at=utcnow())
-                    .returning(Turn)
-                    .execution_options(synchronize_session=False)  # a new session
-                )
+                await session.scalars(_START, {"turn_id": turn_id, "started_at": utcnow()})
             ).one_or_none()
             if turn is None:
                 return
