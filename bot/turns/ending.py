@@ -26,10 +26,10 @@ import asyncio
 import dataclasses
 import datetime as dt
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import structlog
-from sqlalchemy import insert, update
+from sqlalchemy import Table, bindparam, insert, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from bot.errors import USER_MESSAGES, ErrorClass
@@ -188,6 +188,25 @@ def final_columns(end: TurnEnd, *, now: dt.datetime | None = None) -> dict[str, 
     }
 
 
+# Built once, with bound parameters: every turn ends with them, on the event loop.
+_FINISH = (
+    update(Turn)
+    .where(Turn.id == bindparam("turn_id"), Turn.status.not_in(TurnStatus.FINAL))
+    .values({name: bindparam(f"final_{name}") for name in final_columns(TurnEnd(TurnStatus.DONE))})
+    .returning(Turn)
+    .execution_options(synchronize_session=False)  # a new session: nothing to bring up to date
+)
+"""The one final status, only if the turn has none yet (another worker may have failed it)."""
+_INSERT_ENTRIES = insert(cast(Table, Message.__table__))
+"""The table's INSERT, not the ORM's: one executemany, no bulk machinery in between."""
+_MOVE_HEAD = (
+    update(Conversation)
+    .where(Conversation.id == bindparam("conversation_id"))
+    .values(head_seq=bindparam("new_head_seq"))
+    .execution_options(synchronize_session=False)
+)
+
+
 def apply_to_row(row: Turn, end: TurnEnd, *, now: dt.datetime | None = None) -> None:
     """Set every final column of ``row`` from ``end`` (the caller holds the row's lock)."""
     for name, value in final_columns(end, now=now).items():
@@ -293,15 +312,8 @@ class TurnEndings:
             # One locking statement settles the one final status: a turn another worker
             # took over (our lease ran out) is already final and is not updated. No read
             # before it: the write lock (SQLite) is held one round trip less.
-            row = (
-                await session.scalars(
-                    update(Turn)
-                    .where(Turn.id == turn_id, Turn.status.not_in(TurnStatus.FINAL))
-                    .values(**final_columns(end))
-                    .returning(Turn)
-                    .execution_options(synchronize_session=False)  # a new session
-                )
-            ).one_or_none()
+            final = {f"final_{name}": value for name, value in final_columns(end).items()}
+            row = (await session.scalars(_FINISH, {"turn_id": turn_id, **final})).one_or_none()
             if row is None:
                 ended = await session.get(Turn, turn_id)
                 if ended is None:
@@ -309,13 +321,11 @@ class TurnEndings:
                 return end_of_row(ended)
             if end.status == TurnStatus.DONE and history:
                 # One statement for every entry (the ORM would send one per row).
-                await session.execute(insert(Message), _entry_rows(history))
+                await session.execute(_INSERT_ENTRIES, _entry_rows(history))
                 # The turn's reply becomes the active branch's end (``Message``).
                 await session.execute(
-                    update(Conversation)
-                    .where(Conversation.id == row.conversation_id)
-                    .values(head_seq=history[-1].seq)
-                    .execution_options(synchronize_session=False)
+                    _MOVE_HEAD,
+                    {"conversation_id": row.conversation_id, "new_head_seq": history[-1].seq},
                 )
             if charge is not None:
                 await charge(session, row)

@@ -160,6 +160,29 @@ _TAKE_MESSAGE = {
 }
 
 
+def _charge_statement(insert: Any) -> Any:
+    day = bindparam("day", type_=BigInteger)
+    tokens = bindparam("tokens", type_=BigInteger)
+    statement = insert(UsageCounter).values(
+        subject=_SUBJECT, metric=TOKENS_PER_DAY, window_start=day, value=tokens
+    )
+    return statement.on_conflict_do_update(
+        index_elements=[UsageCounter.subject, UsageCounter.metric],
+        set_={
+            "value": case(
+                (UsageCounter.window_start == day, UsageCounter.value + tokens), else_=tokens
+            ),
+            "window_start": day,
+        },
+    )
+
+
+_CHARGE = {
+    "postgresql": _charge_statement(postgresql.insert),
+    "sqlite": _charge_statement(sqlite.insert),
+}
+
+
 @dataclass(frozen=True)
 class Standing:
     """Where a subject stands: its limits and the tokens it has used today."""
@@ -226,22 +249,9 @@ class FairUse:
         if tokens <= 0:
             return
         day = int(self._clock() // DAY_S) * DAY_S
-        insert = _insert(session)
+        statement = _CHARGE[_dialect(session)]
         for subject in subjects:
-            statement = insert(UsageCounter).values(
-                subject=subject, metric=TOKENS_PER_DAY, window_start=day, value=tokens
-            )
-            statement = statement.on_conflict_do_update(
-                index_elements=[UsageCounter.subject, UsageCounter.metric],
-                set_={
-                    "value": case(
-                        (UsageCounter.window_start == day, UsageCounter.value + tokens),
-                        else_=tokens,
-                    ),
-                    "window_start": day,
-                },
-            )
-            await session.execute(statement)
+            await session.execute(statement, {"subject": subject, "day": day, "tokens": tokens})
 
     async def charge_turn(self, session: AsyncSession, turn: Turn) -> None:
         """Charge what the engine computed for ``turn``: uncached prompt + generated tokens."""
