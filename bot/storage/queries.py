@@ -26,7 +26,11 @@ from bot.storage.models import Conversation, InboundEvent, Message, Turn, utcnow
 from bot.storage.tokens import unpack_token_ids
 
 
-def _open_for_key(owner: str, channel: str, external_key: str) -> tuple[ColumnElement[bool], ...]:
+def _open_for_key(
+    owner: str | ColumnElement[str],
+    channel: str | ColumnElement[str],
+    external_key: str | ColumnElement[str],
+) -> tuple[ColumnElement[bool], ...]:
     """The conditions of a key's open conversation (at most one: a partial unique index)."""
     return (
         Conversation.owner == owner,
@@ -76,6 +80,25 @@ class TurnSlot:
     seq: int
 
 
+_TAKE_SLOT = (
+    update(Conversation)
+    .where(
+        *_open_for_key(
+            # Not the columns' own names: those are reserved for an UPDATE's SET.
+            bindparam("key_owner", type_=String),
+            bindparam("key_channel", type_=String),
+            bindparam("key_external", type_=String),
+        )
+    )
+    .values(next_turn_seq=Conversation.next_turn_seq + 1, updated_at=bindparam("touched_at"))
+    .returning(Conversation.id, Conversation.persona, Conversation.next_turn_seq)
+    # Nothing of the session's to bring up to date: the ORM's check of every loaded
+    # object against the WHERE cost more than the statement itself.
+    .execution_options(synchronize_session=False)
+)
+"""The next turn number of a key's open conversation; built once (every accept runs it)."""
+
+
 async def take_turn_slot(
     session: AsyncSession,
     *,
@@ -93,16 +116,13 @@ async def take_turn_slot(
     ``allocate_turn_seq``; a race to create the conversation is settled like in
     ``open_conversation``.
     """
-    take = (
-        update(Conversation)
-        .where(*_open_for_key(owner, channel, external_key))
-        .values(next_turn_seq=Conversation.next_turn_seq + 1, updated_at=utcnow())
-        .returning(Conversation.id, Conversation.persona, Conversation.next_turn_seq)
-        # Nothing of the session's to bring up to date: the ORM's check of every loaded
-        # object against the WHERE cost more than the statement itself.
-        .execution_options(synchronize_session=False)
-    )
-    row = (await session.execute(take)).one_or_none()
+    take = {
+        "key_owner": owner,
+        "key_channel": channel,
+        "key_external": external_key,
+        "touched_at": utcnow(),
+    }
+    row = (await session.execute(_TAKE_SLOT, take)).one_or_none()
     if row is not None:
         return TurnSlot(row[0], row[1], int(row[2]) - 1)
     # The first turn takes seq 0 as the conversation is created.
@@ -113,7 +133,7 @@ async def take_turn_slot(
         async with session.begin_nested():
             session.add(conversation)
     except IntegrityError:
-        row = (await session.execute(take)).one()
+        row = (await session.execute(_TAKE_SLOT, take)).one()
         return TurnSlot(row[0], row[1], int(row[2]) - 1)
     return TurnSlot(conversation.id, conversation.persona, 0)
 
