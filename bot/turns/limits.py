@@ -202,8 +202,11 @@ class FairUse:
 
     async def standing(self, session: AsyncSession, subject: str, day: int) -> Standing:
         """``subject``'s limits (its override, else the default) and its tokens used on ``day``."""
+        # On the session's connection, not through the ORM: the statement loads no objects,
+        # and the ORM's way of running it cost the accept more than the statement did.
+        connection = await session.connection()
         messages, tokens, window_start, value = (
-            await session.execute(_STANDING, {"subject": subject})
+            await connection.execute(_STANDING, {"subject": subject})
         ).one()
         limits = Limits(
             self._defaults.messages_per_minute if messages is None else int(messages),
@@ -239,7 +242,8 @@ class FairUse:
     async def _take_message(
         self, session: AsyncSession, subject: str, minute: int, limit: int
     ) -> bool:
-        taken = await session.execute(
+        connection = await session.connection()  # not through the ORM, as in ``standing``
+        taken = await connection.execute(
             _TAKE_MESSAGE[_dialect(session)], {"subject": subject, "minute": minute, "limit": limit}
         )
         return taken.scalar_one_or_none() is not None
