@@ -8,17 +8,22 @@ folder is first on ``sys.path``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import sys
-from collections.abc import Awaitable, Callable, Coroutine
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any, Self
 
+import asyncpg
 from aiohttp import web
+from sqlalchemy.engine import make_url
 
 from bot.apikeys import create_key
 from bot.storage.db import create_engine, create_sessionmaker
+from bot.storage.migrate import upgrade
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -47,6 +52,39 @@ async def bench_key(db_url: str, name: str, owner: str | None = None) -> str:
             return (await create_key(session, name=name, owner=owner)).key
     finally:
         await db.dispose()
+
+
+@contextlib.asynccontextmanager
+async def scratch_database(workdir: Path, server: str | None) -> AsyncIterator[str]:
+    """A new, migrated database for one run: SQLite in ``workdir``, or on ``server``.
+
+    ``server`` is a PostgreSQL URL; the run gets a database of its own there, dropped
+    afterwards, so that no earlier run's rows (queued turns of a run cut short) are
+    in its way and it leaves none behind.
+    """
+    if server is None:
+        url = f"sqlite+aiosqlite:///{workdir / 'bench.db'}"
+        await asyncio.to_thread(upgrade, url)
+        yield url
+        return
+    parsed = make_url(server)
+    admin_dsn = parsed.set(drivername="postgresql").render_as_string(hide_password=False)
+    name = f"bench_{uuid.uuid4().hex[:12]}"
+    admin = await asyncpg.connect(admin_dsn)
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await admin.close()
+    try:
+        url = parsed.set(database=name).render_as_string(hide_password=False)
+        await asyncio.to_thread(upgrade, url)
+        yield url
+    finally:
+        admin = await asyncpg.connect(admin_dsn)
+        try:
+            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        finally:
+            await admin.close()
 
 
 LOOPS = ("asyncio", "uvloop")

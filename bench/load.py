@@ -54,7 +54,15 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from harness import LOOPS, LoopLag, bench_key, percentile, run_on, serve_on_loopback
+from harness import (
+    LOOPS,
+    LoopLag,
+    bench_key,
+    percentile,
+    run_on,
+    scratch_database,
+    serve_on_loopback,
+)
 from load_client import (
     SLACK_BOT_USER,
     SLACK_SIGNING_SECRET,
@@ -77,7 +85,6 @@ from bot.engine.vllm_local import LocalVLLMEngine
 from bot.http.keys import TURNS
 from bot.log import configure_logging
 from bot.storage.db import create_engine, create_sessionmaker, is_sqlite
-from bot.storage.migrate import upgrade
 from bot.storage.models import Turn, TurnStatus
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -220,14 +227,17 @@ def row(rate: float, channel: str, results: list[tuple[float, int]], lost: int |
 
 async def main(args: argparse.Namespace) -> None:
     configure_logging(os.environ.get("BENCH_LOG_LEVEL", "WARNING"), "json")
+    workdir = Path(tempfile.mkdtemp(prefix="bench-load-"))
+    async with scratch_database(workdir, args.database) as db_url:
+        await run(args, workdir, db_url)
+
+
+async def run(args: argparse.Namespace, workdir: Path, db_url: str) -> None:
     channels = [c for c in args.channels.split(",") if c]
     unknown = set(channels) - set(CHANNELS)
     if unknown or not channels:
         raise SystemExit(f"--channels: pick from {', '.join(CHANNELS)}")
-    workdir = Path(tempfile.mkdtemp(prefix="bench-load-"))
     model = build_demo_model(Path(args.model_dir))
-    db_url = args.database or f"sqlite+aiosqlite:///{workdir / 'bench.db'}"
-    await asyncio.to_thread(upgrade, db_url)
     telegram = FakeTelegram()
     await telegram.__aenter__()
     telegram.add_bot(TELEGRAM_TOKEN, "LoadBot")
@@ -361,7 +371,11 @@ if __name__ == "__main__":
     parser.add_argument(
         "--warmup-s", type=float, default=2.0, help="unmeasured arrivals at 5/s first"
     )
-    parser.add_argument("--database", default=None, help="a database URL (default: new SQLite)")
+    parser.add_argument(
+        "--database",
+        default=None,
+        help="a PostgreSQL server's URL: the run gets a new database there (default: SQLite)",
+    )
     parser.add_argument("--model-dir", default="data/demo-model")
     parser.add_argument(
         "--loop", choices=LOOPS, default="asyncio", help="the service's and the client's loop"

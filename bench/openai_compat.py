@@ -35,26 +35,22 @@ import statistics
 import sys
 import tempfile
 import time
-import uuid
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import asyncpg
 import openai
 from sqlalchemy import func, select
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from harness import bench_key, percentile, serve_on_loopback
+from harness import bench_key, percentile, scratch_database, serve_on_loopback
 
 from bot.app import create_app
 from bot.config import Settings, load_settings
 from bot.demo_model import build_demo_model
 from bot.log import configure_logging
 from bot.storage.db import create_engine, create_sessionmaker
-from bot.storage.migrate import upgrade
 from bot.storage.models import Conversation, Turn
 from tests.vllm_servers import API_KEY, SERVED_MODEL_NAME, launch, wait_ready
 
@@ -208,33 +204,6 @@ def print_layers(layer_ms: list[dict[str, Any]]) -> None:
     print("service layers, mean ms: " + ", ".join(f"{n} {v:.1f}" for n, v in means.items()))
 
 
-@contextlib.asynccontextmanager
-async def scratch_database(workdir: Path, postgres: bool) -> AsyncIterator[str]:
-    """A migrated database for the service: SQLite in ``workdir``, or a PostgreSQL scratch one."""
-    if not postgres:
-        url = f"sqlite+aiosqlite:///{workdir / 'bench.db'}"
-        await asyncio.to_thread(upgrade, url)
-        yield url
-        return
-    name = f"bench_openai_{uuid.uuid4().hex[:12]}"
-    admin = await asyncpg.connect(POSTGRES_ADMIN_DSN)
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await admin.close()
-    base = POSTGRES_ADMIN_DSN.rsplit("/", 1)[0].replace("postgresql://", "postgresql+asyncpg://")
-    try:
-        url = f"{base}/{name}"
-        await asyncio.to_thread(upgrade, url)
-        yield url
-    finally:
-        admin = await asyncpg.connect(POSTGRES_ADMIN_DSN)
-        try:
-            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        finally:
-            await admin.close()
-
-
 async def main(args: argparse.Namespace) -> None:
     configure_logging(os.environ.get("BENCH_LOG_LEVEL", "WARNING"), "json")
     workdir = Path(tempfile.mkdtemp(prefix="bench-openai-"))
@@ -243,7 +212,8 @@ async def main(args: argparse.Namespace) -> None:
     stack = contextlib.AsyncExitStack()
     try:
         await asyncio.to_thread(wait_ready, server, time.monotonic())
-        db_url = await stack.enter_async_context(scratch_database(workdir, args.postgres))
+        server_url = POSTGRES_ADMIN_DSN if args.postgres else None
+        db_url = await stack.enter_async_context(scratch_database(workdir, server_url))
         settings = service_settings(db_url, model, server.base_url, args.max_tokens)
         app = await create_app(settings)
         runner, base = await serve_on_loopback(app)

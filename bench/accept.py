@@ -1,0 +1,238 @@
+"""Benchmark: what one accept costs the event loop, next to the same SQL sent plainly.
+
+An accept is what every inbound message waits for before its ack: the fair-use
+check, the conversation's next turn number, the turn and its inbound event, one
+transaction (``TurnService.accept``). Here N of them run back to back in one
+process with nothing else on its event loop, so the figures are the accept's
+own cost: wall-clock and CPU time per accept, with the default fair-use limits
+and with none, on SQLite and (``--database``) PostgreSQL.
+
+Next to them, the floor: the same statements (as the service sends them), in
+one transaction per message, straight through the driver (``sqlite3`` on the
+loop's thread, ``asyncpg``), without SQLAlchemy or the service around them.
+
+Run:  .venv/bin/python bench/accept.py
+      .venv/bin/python bench/accept.py --database postgresql+asyncpg://127.0.0.1/test
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import os
+import sqlite3
+import tempfile
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from harness import scratch_database
+from sqlalchemy.engine import make_url
+
+from bot.config import load_settings
+from bot.storage.db import create_engine, create_sessionmaker, is_sqlite
+from bot.turns.inbound import InboundMessage
+from bot.turns.limits import FairUse
+from bot.turns.service import TurnService
+from bot.turns.streams import TurnStreams
+
+CONVERSATIONS = 40
+STANDING = (
+    "SELECT (SELECT messages_per_minute FROM limit_overrides WHERE subject = {0}),"
+    " (SELECT tokens_per_day FROM limit_overrides WHERE subject = {0}),"
+    " (SELECT window_start FROM usage_counters WHERE subject = {0} AND metric = 'tokens_per_day'),"
+    " (SELECT value FROM usage_counters WHERE subject = {0} AND metric = 'tokens_per_day')"
+)
+TAKE_MESSAGE = (
+    "INSERT INTO usage_counters (subject, metric, window_start, value)"
+    " VALUES ({0}, 'messages_per_minute', {1}, 1) ON CONFLICT (subject, metric) DO UPDATE"
+    " SET window_start = {1}, value = CASE WHEN usage_counters.window_start = {1}"
+    " THEN usage_counters.value + 1 ELSE 1 END"
+    " WHERE usage_counters.window_start != {1} OR usage_counters.value < {2} RETURNING value"
+)
+TAKE_SLOT = (
+    "UPDATE conversations SET updated_at = {0}, next_turn_seq = next_turn_seq + 1"
+    " WHERE owner = {1} AND channel = 'api' AND external_key = {2} AND closed_at IS NULL"
+    " RETURNING id, persona, next_turn_seq"
+)
+INSERT_TURN = (
+    "INSERT INTO turns (id, conversation_id, seq, channel, reply_to, user_id, user_name,"
+    " user_text, status, layer_ms, created_at, api_key_id, attempt)"
+    " VALUES ({0}, {1}, {2}, 'api', '{{}}', {3}, NULL, {4}, 'queued', '{{}}', {5}, NULL, 1)"
+)
+INSERT_EVENT = (
+    "INSERT INTO inbound_events (channel, event_id, conversation_id, turn_id, received_at)"
+    " VALUES ('api', {0}, {1}, {2}, {3})"
+)
+
+
+def message(run: str, i: int) -> InboundMessage:
+    # A user of its own per message: the default limit of 30 a minute never refuses one.
+    return InboundMessage(
+        channel="api",
+        event_id=f"{run}-{i}",
+        owner="bench",
+        conversation_key=f"{run}-c{i % CONVERSATIONS}",
+        text="Hello there, how are you today?",
+        user_id=f"{run}-u{i}",
+    )
+
+
+async def timed(n: int, one: Callable[[int], Awaitable[None]]) -> tuple[float, float]:
+    """Wall-clock and CPU ms per call of ``one``, after a warm-up of its own."""
+    for i in range(n, n + 200):
+        await one(i)
+    cpu, wall = time.process_time(), time.perf_counter()
+    for i in range(n):
+        await one(i)
+    return (time.perf_counter() - wall) / n * 1000, (time.process_time() - cpu) / n * 1000
+
+
+async def service_accepts(url: str, n: int, *, fair_use: bool) -> tuple[float, float]:
+    engine = create_engine(url)
+    service = TurnService(create_sessionmaker(engine), TurnStreams())
+    service.schedule = lambda conversation_id: None  # type: ignore[method-assign]  # no engine
+    if fair_use:
+        service.fair_use = FairUse(load_settings(None).limits)
+    run = uuid.uuid4().hex[:8]
+    # Every conversation exists already, as for all but a conversation's first message.
+    for i in range(CONVERSATIONS):
+        await service.accept(message(run, -1 - i))
+
+    async def one(i: int) -> None:
+        await service.accept(message(run, i))
+
+    try:
+        return await timed(n, one)
+    finally:
+        await engine.dispose()
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.UTC).replace(tzinfo=None).isoformat(" ")
+
+
+async def plain_sqlite(url: str, n: int) -> tuple[float, float]:
+    """The same transaction through ``sqlite3`` on this thread (WAL, synchronous=NORMAL)."""
+    db = sqlite3.connect(make_url(url).database or "", isolation_level=None)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("PRAGMA synchronous=NORMAL")
+    sql = [s.format("?", "?", "?", "?", "?", "?") for s in (STANDING, TAKE_MESSAGE, TAKE_SLOT)]
+    turn_sql = INSERT_TURN.format("?", "?", "?", "?", "?", "?")
+    event_sql = INSERT_EVENT.format("?", "?", "?", "?")
+    run = uuid.uuid4().hex[:8]
+
+    async def one(i: int) -> None:
+        m = message(run, i)
+        subject = f"user:api:{m.user_id}"
+        minute = int(time.time() // 60) * 60
+        db.execute("BEGIN IMMEDIATE")
+        db.execute(sql[0], (subject,) * 4).fetchone()
+        db.execute(sql[1], (subject, minute, minute, minute, minute, 30)).fetchone()
+        row = db.execute(sql[2], (_now(), "bench", f"{run}-c{i % CONVERSATIONS}")).fetchone()
+        if row is None:
+            conversation, seq = uuid.uuid4().hex, 0
+            db.execute(
+                "INSERT INTO conversations (id, owner, channel, external_key, next_turn_seq,"
+                " created_at, updated_at) VALUES (?, 'bench', 'api', ?, 1, ?, ?)",
+                (conversation, f"{run}-c{i % CONVERSATIONS}", _now(), _now()),
+            )
+        else:
+            conversation, seq = row[0], row[2] - 1
+        turn_id = uuid.uuid4().hex
+        db.execute(turn_sql, (turn_id, conversation, seq, m.user_id, m.text, _now()))
+        db.execute(event_sql, (m.event_id, conversation, turn_id, _now()))
+        db.execute("COMMIT")
+
+    try:
+        return await timed(n, one)
+    finally:
+        db.close()
+
+
+async def plain_postgres(url: str, n: int) -> tuple[float, float]:
+    """The same transaction through ``asyncpg`` (statements prepared once, as it caches them)."""
+    import asyncpg
+
+    parsed = make_url(url)
+    db = await asyncpg.connect(
+        host=parsed.host, port=parsed.port or 5432, user=parsed.username, database=parsed.database
+    )
+    placeholders = [f"${k}" for k in range(1, 7)]
+    standing, take_message, take_slot = (
+        s.format(*placeholders) for s in (STANDING, TAKE_MESSAGE, TAKE_SLOT)
+    )
+    insert_turn, insert_event = (s.format(*placeholders) for s in (INSERT_TURN, INSERT_EVENT))
+    run = uuid.uuid4().hex[:8]
+
+    async def one(i: int) -> None:
+        m = message(run, i)
+        subject = f"user:api:{m.user_id}"
+        minute = int(time.time() // 60) * 60
+        now = dt.datetime.now(dt.UTC)
+        async with db.transaction():
+            await db.fetchrow(standing, subject)
+            await db.fetchrow(take_message, subject, minute, 30)
+            key = f"{run}-c{i % CONVERSATIONS}"
+            row = await db.fetchrow(take_slot, now, "bench", key)
+            if row is None:
+                conversation, seq = uuid.uuid4().hex, 0
+                await db.execute(
+                    "INSERT INTO conversations (id, owner, channel, external_key, next_turn_seq,"
+                    " created_at, updated_at) VALUES ($1, 'bench', 'api', $2, 1, $3, $3)",
+                    conversation,
+                    key,
+                    now,
+                )
+            else:
+                conversation, seq = row[0], row[2] - 1
+            turn_id = uuid.uuid4().hex
+            await db.execute(insert_turn, turn_id, conversation, seq, m.user_id, m.text, now)
+            await db.execute(insert_event, m.event_id, conversation, turn_id, now)
+
+    try:
+        return await timed(n, one)
+    finally:
+        await db.close()
+
+
+async def main(args: argparse.Namespace) -> None:
+    workdir = Path(tempfile.mkdtemp(prefix="bench-accept-"))
+    servers: list[str | None] = [None, *args.database]
+    print(f"# {args.n} accepts in a row per line, one process, {CONVERSATIONS} conversations;")
+    print("# load average " + " ".join(f"{x:.2f}" for x in os.getloadavg()))
+    print(f"{'database':<12} {'what':<44} {'wall ms':>8} {'cpu ms':>8}")
+    for server in servers:
+        async with scratch_database(workdir, server) as url:
+            for name, (wall, cpu) in await measure(url, args.n):
+                print(f"{'SQLite' if server is None else 'PostgreSQL':<12} {name:<44}", end="")
+                print(f" {wall:>8.2f} {cpu:>8.2f}")
+
+
+async def measure(url: str, n: int) -> list[tuple[str, tuple[float, float]]]:
+    """Per line: what was timed, (wall ms, CPU ms) per accept."""
+    rows = [
+        ("accept, default fair-use limits", await service_accepts(url, n, fair_use=True)),
+        ("accept, no limits", await service_accepts(url, n, fair_use=False)),
+    ]
+    if is_sqlite(url):
+        rows.append(("same SQL plainly through sqlite3", await plain_sqlite(url, n)))
+    else:
+        rows.append(("same SQL plainly through asyncpg", await plain_postgres(url, n)))
+    return rows
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--n", type=int, default=2000, help="accepts per line")
+    parser.add_argument(
+        "--database",
+        action="append",
+        default=[],
+        help="also a PostgreSQL server's URL, where a new database is made (repeatable)",
+    )
+    asyncio.run(main(parser.parse_args()))
