@@ -103,11 +103,6 @@ def subjects_for(*, api_key_id: str | None, channel: str, user_id: str | None) -
     return subjects
 
 
-def _insert(session: AsyncSession) -> Any:
-    """The dialect's INSERT, which knows ON CONFLICT (both backends support the same form)."""
-    return postgresql.insert if _dialect(session) == "postgresql" else sqlite.insert
-
-
 def _dialect(session: AsyncSession) -> str:
     return session.get_bind().dialect.name
 
@@ -136,51 +131,44 @@ _STANDING = select(
 """A subject's overrides (NULL: the default) and its day's token counter: one round trip."""
 
 
-def _take_message_statement(insert: Any) -> Any:
-    minute = bindparam("minute", type_=BigInteger)
+def _add_to_counter(insert: Any, metric: str, *, limited: bool) -> Any:
+    """Add ``:amount`` to a subject's ``metric`` in the window starting ``:window``.
+
+    A counter whose window has passed starts again from ``:amount``. ``limited``: only
+    while the window's count is below ``:limit``; no row back means the limit is spent.
+    """
+    window = bindparam("window", type_=BigInteger)
+    amount = bindparam("amount", type_=BigInteger)
     statement = insert(UsageCounter).values(
-        subject=_SUBJECT, metric=MESSAGES_PER_MINUTE, window_start=minute, value=1
-    )
-    return statement.on_conflict_do_update(
-        index_elements=[UsageCounter.subject, UsageCounter.metric],
-        set_={
-            "value": case((UsageCounter.window_start == minute, UsageCounter.value + 1), else_=1),
-            "window_start": minute,
-        },
-        where=or_(
-            UsageCounter.window_start != minute,
-            UsageCounter.value < bindparam("limit", type_=BigInteger),
-        ),
-    ).returning(UsageCounter.value)
-
-
-_TAKE_MESSAGE = {
-    "postgresql": _take_message_statement(postgresql.insert),
-    "sqlite": _take_message_statement(sqlite.insert),
-}
-
-
-def _charge_statement(insert: Any) -> Any:
-    day = bindparam("day", type_=BigInteger)
-    tokens = bindparam("tokens", type_=BigInteger)
-    statement = insert(UsageCounter).values(
-        subject=_SUBJECT, metric=TOKENS_PER_DAY, window_start=day, value=tokens
+        subject=_SUBJECT, metric=metric, window_start=window, value=amount
     )
     return statement.on_conflict_do_update(
         index_elements=[UsageCounter.subject, UsageCounter.metric],
         set_={
             "value": case(
-                (UsageCounter.window_start == day, UsageCounter.value + tokens), else_=tokens
+                (UsageCounter.window_start == window, UsageCounter.value + amount), else_=amount
             ),
-            "window_start": day,
+            "window_start": window,
         },
-    )
+        where=or_(
+            UsageCounter.window_start != window,
+            UsageCounter.value < bindparam("limit", type_=BigInteger),
+        )
+        if limited
+        else None,
+    ).returning(UsageCounter.value)
 
 
-_CHARGE = {
-    "postgresql": _charge_statement(postgresql.insert),
-    "sqlite": _charge_statement(sqlite.insert),
-}
+def _by_dialect(metric: str, *, limited: bool) -> dict[str, Any]:
+    """The statement for each backend's INSERT (both know the same ON CONFLICT form)."""
+    return {
+        "postgresql": _add_to_counter(postgresql.insert, metric, limited=limited),
+        "sqlite": _add_to_counter(sqlite.insert, metric, limited=limited),
+    }
+
+
+_TAKE_MESSAGE = _by_dialect(MESSAGES_PER_MINUTE, limited=True)
+_CHARGE = _by_dialect(TOKENS_PER_DAY, limited=False)
 
 
 @dataclass(frozen=True)
@@ -244,7 +232,8 @@ class FairUse:
     ) -> bool:
         connection = await session.connection()  # not through the ORM, as in ``standing``
         taken = await connection.execute(
-            _TAKE_MESSAGE[_dialect(session)], {"subject": subject, "minute": minute, "limit": limit}
+            _TAKE_MESSAGE[_dialect(session)],
+            {"subject": subject, "window": minute, "amount": 1, "limit": limit},
         )
         return taken.scalar_one_or_none() is not None
 
@@ -255,7 +244,7 @@ class FairUse:
         day = int(self._clock() // DAY_S) * DAY_S
         statement = _CHARGE[_dialect(session)]
         for subject in subjects:
-            await session.execute(statement, {"subject": subject, "day": day, "tokens": tokens})
+            await session.execute(statement, {"subject": subject, "window": day, "amount": tokens})
 
     async def charge_turn(self, session: AsyncSession, turn: Turn) -> None:
         """Charge what the engine computed for ``turn``: uncached prompt + generated tokens."""
