@@ -10,8 +10,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import asyncpg
 from aiohttp import ClientResponse
 from sqlalchemy import func, select
+from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from bot.apikeys import create_key
@@ -79,6 +81,22 @@ async def count_rows(db_url: str) -> dict[str, int]:
             return counts
     finally:
         await engine.dispose()
+
+
+async def terminate_backends(pg_url: str, condition: str) -> int:
+    """Cut the PostgreSQL connections to ``pg_url``'s database that match ``condition``
+    (SQL on ``pg_stat_activity``), as a server restart or a network fault would; how many."""
+    url = make_url(pg_url).set(drivername="postgresql")
+    admin = await asyncpg.connect(url.render_as_string(hide_password=False))
+    try:
+        cut = await admin.fetchval(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+            f" WHERE datname = $1 AND pid <> pg_backend_pid() AND ({condition})",
+            url.database,
+        )
+    finally:
+        await admin.close()
+    return int(cut)
 
 
 async def load_turns(db_url: str) -> list[Turn]:

@@ -27,7 +27,14 @@ from bot.storage.db import is_sqlite
 from bot.storage.models import TurnStatus
 from tests.conftest import MakeClient, issue_key
 from tests.engines import NulByteEngine, SlowEngine, TrickleEngine
-from tests.helpers import auth, count_rows, load_history_rows, load_turns, read_sse
+from tests.helpers import (
+    auth,
+    count_rows,
+    load_history_rows,
+    load_turns,
+    read_sse,
+    terminate_backends,
+)
 from tests.turns.conftest import WriteFaults
 
 # A column set by the statement (before its WHERE), not one it returns.
@@ -253,17 +260,7 @@ async def test_every_connection_dropped_mid_turn_delays_nothing_it_cannot_retry(
     first = await send(client, key, "m1", "Hello")
     reader = asyncio.create_task(final_event(client, key, first["turn_id"]))
     await asyncio.sleep(0.5)
-    url = make_url(pg_url).set(drivername="postgresql")
-    admin = await asyncpg.connect(url.render_as_string(hide_password=False))
-    try:
-        cut = await admin.fetchval(
-            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
-            " WHERE datname = $1 AND pid <> pg_backend_pid()",
-            url.database,
-        )
-    finally:
-        await admin.close()
-    assert cut >= 1
+    assert await terminate_backends(pg_url, "true") >= 1
     assert (await reader).kind == "done"
     slow.pause_s = 0.0
     second = await send(client, key, "m2", "Again")

@@ -11,57 +11,57 @@ from __future__ import annotations
 import asyncio
 import time
 
-import asyncpg
 import pytest
-from sqlalchemy import select
-from sqlalchemy.engine import make_url
+from aiohttp.test_utils import TestClient
 
 from bot.config import ConfigError, load_settings
 from bot.engine.vllm_local import LocalVLLMEngine
 from bot.http.keys import TURNS
-from bot.storage.db import create_engine, create_sessionmaker
-from bot.storage.models import Turn
 from bot.turns.claims import FRESH_TURN_GRACE, LeasedClaims
 from tests.conftest import MakeClient, issue_key
-from tests.helpers import auth, read_sse
+from tests.helpers import auth, load_turns, read_sse, terminate_backends
 
 
-async def stored_turns(pg_url: str) -> list[Turn]:
-    """Every turn in the database, in conversation order."""
-    engine_db = create_engine(pg_url)
-    try:
-        async with create_sessionmaker(engine_db)() as session:
-            return list(await session.scalars(select(Turn).order_by(Turn.seq)))
-    finally:
-        await engine_db.dispose()
+async def worker_and_ingress(
+    pg_url: str, make_client: MakeClient, *, poll_interval_s: float
+) -> tuple[TestClient, LeasedClaims, TestClient]:
+    """A worker listening for wake-ups and an ingress-only process, on one database."""
+    worker = await make_client(pg_url, workers={"id": "worker", "poll_interval_s": poll_interval_s})
+    ingress = await make_client(pg_url, workers={"id": "ingress", "run_turns": False})
+    claims = worker.app[TURNS].claims
+    assert isinstance(claims, LeasedClaims) and claims.wakeups is not None
+    await asyncio.wait_for(claims.wakeups.listening.wait(), 10)
+    return worker, claims, ingress
+
+
+async def answered(ingress: TestClient, key: str, message_id: str, text: str) -> tuple[str, float]:
+    """Send through the ingress and read the reply there: (turn id, seconds to its end)."""
+    message = {"conversation_id": "c1", "message_id": message_id, "text": text}
+    started = time.monotonic()
+    response = await ingress.post("/v1/messages", json=message, headers=auth(key))
+    assert response.status == 202
+    body = await response.json()
+    # Read from the ingress process: it follows the turn's row.
+    events = await asyncio.wait_for(
+        read_sse(await ingress.get(body["stream_url"], headers=auth(key))), 20
+    )
+    assert events[-1].kind == "done"
+    return body["turn_id"], time.monotonic() - started
 
 
 async def test_a_worker_runs_the_turns_an_ingress_only_process_accepts(
     pg_url: str, make_client: MakeClient, engine: LocalVLLMEngine
 ) -> None:
-    worker = await make_client(pg_url, workers={"id": "worker", "poll_interval_s": 30})
-    ingress = await make_client(pg_url, workers={"id": "ingress", "run_turns": False})
-    claims = worker.app[TURNS].claims
-    assert isinstance(claims, LeasedClaims) and claims.wakeups is not None
-    await asyncio.wait_for(claims.wakeups.listening.wait(), 10)
+    _, _, ingress = await worker_and_ingress(pg_url, make_client, poll_interval_s=30)
     key = await issue_key(pg_url)
 
     turn_ids = []
     for index, text in enumerate(["Hello there", "And again"]):
-        message = {"conversation_id": "c1", "message_id": f"m{index}", "text": text}
-        started = time.monotonic()
-        response = await ingress.post("/v1/messages", json=message, headers=auth(key))
-        assert response.status == 202
-        body = await response.json()
-        # Read from the ingress process: it follows the turn's row.
-        events = await asyncio.wait_for(
-            read_sse(await ingress.get(body["stream_url"], headers=auth(key))), 20
-        )
-        assert events[-1].kind == "done"
-        assert time.monotonic() - started < FRESH_TURN_GRACE.total_seconds()
-        turn_ids.append(body["turn_id"])
+        turn_id, took_s = await answered(ingress, key, f"m{index}", text)
+        assert took_s < FRESH_TURN_GRACE.total_seconds()
+        turn_ids.append(turn_id)
 
-    rows = await stored_turns(pg_url)
+    rows = await load_turns(pg_url)
     assert sorted(row.id for row in rows) == sorted(turn_ids)
     assert [row.seq for row in rows] == [0, 1]
     assert all(row.status == "done" and row.reply_text for row in rows)
@@ -72,43 +72,19 @@ async def test_a_turn_accepted_while_the_worker_is_not_listening_is_still_answer
     pg_url: str, make_client: MakeClient, engine: LocalVLLMEngine
 ) -> None:
     """The wake-up is lost with the listening connection; the poller finds the turn."""
-    worker = await make_client(pg_url, workers={"id": "worker", "poll_interval_s": 0.5})
-    ingress = await make_client(pg_url, workers={"id": "ingress", "run_turns": False})
-    claims = worker.app[TURNS].claims
-    assert isinstance(claims, LeasedClaims) and claims.wakeups is not None
-    await asyncio.wait_for(claims.wakeups.listening.wait(), 10)
+    _, claims, ingress = await worker_and_ingress(pg_url, make_client, poll_interval_s=0.5)
     key = await issue_key(pg_url)
-
-    url = make_url(pg_url).set(drivername="postgresql")
-    admin = await asyncpg.connect(url.render_as_string(hide_password=False))
-    try:
-        cut = await admin.fetchval(
-            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
-            " WHERE datname = $1 AND query LIKE 'LISTEN%'",
-            url.database,
-        )
-    finally:
-        await admin.close()
-    assert cut == 1
-
-    async def answered(message_id: str, text: str) -> float:
-        message = {"conversation_id": "c1", "message_id": message_id, "text": text}
-        started = time.monotonic()
-        response = await ingress.post("/v1/messages", json=message, headers=auth(key))
-        assert response.status == 202
-        body = await response.json()
-        events = await asyncio.wait_for(
-            read_sse(await ingress.get(body["stream_url"], headers=auth(key))), 20
-        )
-        assert events[-1].kind == "done"
-        return time.monotonic() - started
+    assert await terminate_backends(pg_url, "query LIKE 'LISTEN%'") == 1
 
     # Sent into the cut: nobody hears it; the poller takes it after the fresh-turn grace.
-    assert await answered("m1", "Hello there") >= FRESH_TURN_GRACE.total_seconds()
+    _, took_s = await answered(ingress, key, "m1", "Hello there")
+    assert took_s >= FRESH_TURN_GRACE.total_seconds()
     # The listener is back within a poll interval, and wakes the worker again.
+    assert claims.wakeups is not None
     await asyncio.wait_for(claims.wakeups.listening.wait(), 10)
-    assert await answered("m2", "And again") < FRESH_TURN_GRACE.total_seconds()
-    assert [(row.seq, row.status) for row in await stored_turns(pg_url)] == [
+    _, took_s = await answered(ingress, key, "m2", "And again")
+    assert took_s < FRESH_TURN_GRACE.total_seconds()
+    assert [(row.seq, row.status) for row in await load_turns(pg_url)] == [
         (0, "done"),
         (1, "done"),
     ]
