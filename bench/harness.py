@@ -58,7 +58,8 @@ async def bench_key(db_url: str, name: str, owner: str | None = None) -> str:
 async def scratch_database(workdir: Path, server: str | None) -> AsyncIterator[str]:
     """A new, migrated database for one run: SQLite in ``workdir``, or on ``server``.
 
-    ``server`` is a PostgreSQL URL; the run gets a database of its own there, dropped
+    ``server`` is a PostgreSQL URL (any driver named in it; the service's is asyncpg);
+    the run gets a database of its own there, dropped
     afterwards, so that no earlier run's rows (queued turns of a run cut short) are
     in its way and it leaves none behind.
     """
@@ -76,7 +77,9 @@ async def scratch_database(workdir: Path, server: str | None) -> AsyncIterator[s
     finally:
         await admin.close()
     try:
-        url = parsed.set(database=name).render_as_string(hide_password=False)
+        url = parsed.set(drivername="postgresql+asyncpg", database=name).render_as_string(
+            hide_password=False
+        )
         await asyncio.to_thread(upgrade, url)
         yield url
     finally:

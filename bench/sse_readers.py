@@ -20,12 +20,11 @@ import asyncio
 import datetime as dt
 import tempfile
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
-import asyncpg
 from aiohttp import web
+from harness import scratch_database
 from sqlalchemy import event
 
 from bot.apikeys import create_key
@@ -35,7 +34,6 @@ from bot.demo_model import build_demo_model
 from bot.http.keys import SESSIONS
 from bot.storage import queries
 from bot.storage.db import create_engine, create_sessionmaker
-from bot.storage.migrate import upgrade
 from bot.storage.models import Turn, TurnStatus
 from bot.turns.chat_format import ChatFormat, load_tokenizer
 
@@ -101,14 +99,13 @@ async def open_reader(port: int, path: str, key: str) -> asyncio.StreamWriter:
 
 
 async def run(args: argparse.Namespace) -> None:
-    name = f"bench_sse_{uuid.uuid4().hex[:8]}"
-    admin = await asyncpg.connect(args.admin_dsn)
-    await admin.execute(f'CREATE DATABASE "{name}"')
-    base = args.admin_dsn.rsplit("/", 1)[0].replace("postgresql://", "postgresql+asyncpg://")
-    url = f"{base}/{name}"
+    async with scratch_database(Path(tempfile.gettempdir()), args.admin_dsn) as url:
+        await measure(args, url)
+
+
+async def measure(args: argparse.Namespace, url: str) -> None:
     runner: web.AppRunner | None = None
     try:
-        await asyncio.to_thread(upgrade, url)
         key, turn_id = await seed(url)
         model = build_demo_model(Path(args.model_dir))
         server: dict[str, Any] = {}
@@ -168,8 +165,6 @@ async def run(args: argparse.Namespace) -> None:
     finally:
         if runner is not None:
             await runner.cleanup()
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        await admin.close()
 
 
 def main() -> None:
