@@ -282,8 +282,19 @@ def _path_statement(*, through_bases: bool) -> Select[int, str, str, str | None,
     )
     path = step.cte("path", recursive=True)
     parent = aliased(Message)
-    climb = select(parent.seq, parent.parent_seq, parent.role).where(
-        parent.conversation_id == conversation_id, parent.seq == path.c.parent_seq
+
+    def parents(column: Any) -> Any:
+        return (
+            select(column)
+            .where(parent.conversation_id == conversation_id, parent.seq == path.c.parent_seq)
+            .scalar_subquery()
+        )
+
+    # Each step looks its parent up by (conversation_id, seq), the unique index, in
+    # correlated subqueries: written as a join, PostgreSQL's planner hashed the whole
+    # conversation at every step (400 entries: 50 ms instead of 4).
+    climb = select(path.c.parent_seq, parents(parent.parent_seq), parents(parent.role)).where(
+        path.c.parent_seq.is_not(None)
     )
     if not through_bases:
         climb = climb.where(path.c.role != BASE_ROLE)
