@@ -122,6 +122,10 @@ class Message(Base):
     one entry, in order; ``conversations.head_seq`` names the active branch's
     last entry. ``seq`` is the insertion order, unique per conversation, so a
     parent's seq is always smaller than its children's.
+
+    An entry is never changed once written (an edit is a new branch) and goes
+    only with its conversation, whose id is never used again: a path read once
+    stays right (``bot.storage.known_paths``), as does the engine's cache of it.
     """
 
     __tablename__ = "messages"

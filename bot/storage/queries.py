@@ -22,6 +22,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import aliased
 
+from bot.storage.known_paths import KnownPath, KnownPaths
 from bot.storage.models import Conversation, InboundEvent, Message, Turn, utcnow
 from bot.storage.tokens import unpack_token_ids
 
@@ -270,9 +271,10 @@ class PathEntry:
     text: str
     turn_id: str | None
     token_ids: bytes
+    parent_seq: int | None = None
 
 
-def _path_statement(*, through_bases: bool) -> Select[int, str, str, str | None, bytes]:
+def _path_statement(*, through_bases: bool) -> Select[int, str, str, str | None, bytes, int | None]:
     # Built once, with bound parameters: building the recursive query anew for every
     # turn cost the event loop about a millisecond of SQLAlchemy's construction.
     conversation_id = bindparam("conversation_id", type_=String)
@@ -294,13 +296,21 @@ def _path_statement(*, through_bases: bool) -> Select[int, str, str, str | None,
     # correlated subqueries: written as a join, PostgreSQL's planner hashed the whole
     # conversation at every step (400 entries: 50 ms instead of 4).
     climb = select(path.c.parent_seq, parents(parent.parent_seq), parents(parent.role)).where(
-        path.c.parent_seq.is_not(None)
+        # Entries at or below ``above`` are not walked: their part of the path is known.
+        path.c.parent_seq > bindparam("above", type_=Integer)
     )
     if not through_bases:
         climb = climb.where(path.c.role != BASE_ROLE)
     path = path.union_all(climb)
     return (
-        select(Message.seq, Message.role, Message.text, Message.turn_id, Message.token_ids)
+        select(
+            Message.seq,
+            Message.role,
+            Message.text,
+            Message.turn_id,
+            Message.token_ids,
+            Message.parent_seq,
+        )
         .where(Message.conversation_id == conversation_id, Message.seq.in_(select(path.c.seq)))
         .order_by(Message.seq)
     )
@@ -320,23 +330,38 @@ _HEAD = select(
 
 
 async def path_entries(
-    session: AsyncSession, conversation_id: str, head_seq: int, *, through_bases: bool = False
+    session: AsyncSession,
+    conversation_id: str,
+    head_seq: int,
+    *,
+    through_bases: bool = False,
+    above: int = -1,
 ) -> list[PathEntry]:
     """The entries from the root down to ``head_seq``, in order (one recursive query).
 
     Without ``through_bases`` the walk stops at the latest base on the path: what
-    is above it was compacted away (stored, no longer prompted).
+    is above it was compacted away (stored, no longer prompted). With ``above``,
+    it stops before the first entry whose seq is not greater (a known part).
     """
     rows = await session.execute(
-        _PATH[through_bases], {"conversation_id": conversation_id, "head_seq": head_seq}
+        _PATH[through_bases],
+        {"conversation_id": conversation_id, "head_seq": head_seq, "above": above},
     )
     return [PathEntry(*row) for row in rows]
 
 
 async def load_history(
-    session: AsyncSession, conversation_id: str, *, at: int | None = None
+    session: AsyncSession,
+    conversation_id: str,
+    *,
+    at: int | None = None,
+    known: KnownPaths | None = None,
 ) -> History:
-    """The prompt up to entry ``at`` (default: the conversation's head; -1: empty)."""
+    """The prompt up to entry ``at`` (default: the conversation's head; -1: empty).
+
+    With ``known``, only the entries added since the conversation's last path read
+    there are fetched, when the new path extends it (the same branch, no new base).
+    """
     head, last, persona, owner = (
         await session.execute(_HEAD, {"conversation_id": conversation_id})
     ).one_or_none() or (None, None, None, None)
@@ -345,25 +370,49 @@ async def load_history(
         at = head
     if at is None or at < 0:
         return History([], [], next_seq, persona=persona, owner=owner)
-    entries = await path_entries(session, conversation_id, at)
-    prompt: list[int] = []
-    last_assistant: list[int] = []
-    for entry in entries:
-        ids = unpack_token_ids(entry.token_ids)
-        prompt.extend(ids)
-        if entry.role == "assistant":
-            last_assistant = ids
-    last_role = entries[-1].role if entries else None
+    path = await _read_path(session, conversation_id, at, known)
+    if path is None:
+        return History([], [], next_seq, persona=persona, owner=owner)
     return History(
-        prompt,
-        last_assistant,
+        unpack_token_ids(path.prompt),
+        unpack_token_ids(path.last_assistant),
         next_seq,
-        ends_with_base=last_role == BASE_ROLE,
-        head_seq=entries[-1].seq if entries else None,
-        last_role=last_role,
+        ends_with_base=path.last_role == BASE_ROLE,
+        head_seq=path.head_seq,
+        last_role=path.last_role,
         persona=persona,
         owner=owner,
     )
+
+
+async def _read_path(
+    session: AsyncSession, conversation_id: str, at: int, known: KnownPaths | None
+) -> KnownPath | None:
+    earlier = known.get(conversation_id) if known is not None else None
+    if earlier is not None and earlier.head_seq == at:
+        return earlier
+    # A parent's seq is always smaller than its children's: a path that extends the
+    # known one has all its new entries above the known head.
+    above = earlier.head_seq if earlier is not None and earlier.head_seq < at else -1
+    entries = await path_entries(session, conversation_id, at, above=above)
+    # Read to its start (the root, or a base where the prompt restarts), or only down to
+    # the known head, or, forked below it (an edit, a regeneration), down to another branch.
+    whole = not entries or entries[0].parent_seq is None or entries[0].role == BASE_ROLE
+    extends = not whole and earlier is not None and entries[0].parent_seq == above
+    if not whole and not extends and above >= 0:
+        entries = await path_entries(session, conversation_id, at)
+    if not entries:
+        return None
+    prompt = [earlier.prompt] if extends and earlier is not None else []
+    last_assistant = earlier.last_assistant if extends and earlier is not None else b""
+    for entry in entries:
+        prompt.append(entry.token_ids)
+        if entry.role == "assistant":
+            last_assistant = entry.token_ids
+    path = KnownPath(entries[-1].seq, b"".join(prompt), last_assistant, entries[-1].role)
+    if known is not None:
+        known.put(conversation_id, path)
+    return path
 
 
 def as_utc(value: dt.datetime) -> dt.datetime:

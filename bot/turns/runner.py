@@ -19,6 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from bot.engine.base import GenerationChunk, GenerationRequest, InferenceEngine
 from bot.errors import BotError, ContextOverflow, ErrorClass
+from bot.storage.known_paths import KnownPaths
 from bot.storage.models import Message, Turn, TurnStatus, utcnow
 from bot.storage.queries import History, as_utc, load_history
 from bot.storage.text import storable
@@ -87,6 +88,7 @@ class TurnRunner:
         policy: TurnPolicy | None = None,
         cancellations: Cancellations | None = None,
         personas: Personas | None = None,
+        known_paths: KnownPaths | None = None,
     ) -> None:
         self.policy = policy or TurnPolicy()
         self.cancellations = cancellations or Cancellations()
@@ -102,6 +104,8 @@ class TurnRunner:
         """A conversation's persona picks its system prompt and sampling."""
         self._open_reply = open_reply
         self._endings = endings
+        self._known_paths = known_paths or KnownPaths()
+        """Each active conversation's last history path: a turn reads only what was added."""
 
     async def run(self, turn_id: str, *, persist_ms: float | None = None) -> None:
         """Run a queued turn to its end (done or failed). Never raises for turn failures.
@@ -214,7 +218,9 @@ class TurnRunner:
         with clock.measure("history"):
             async with self._read_sessions() as session:
                 # An edit or a regeneration names where it forks off the tree; else the head.
-                history = await load_history(session, turn.conversation_id, at=turn.parent_seq)
+                history = await load_history(
+                    session, turn.conversation_id, at=turn.parent_seq, known=self._known_paths
+                )
         cache_salt = self.policy.cache_salt(history.owner)
         persona = self._personas.choice(history.persona, self._chat_format)
         progress.cache_salt = cache_salt
