@@ -229,6 +229,27 @@ async def get_turn_for_owner(
     return None if row is None else (row[0], row[1] or "")
 
 
+_OWNED_TURN = (
+    select(Turn.id)
+    .join(Conversation, Conversation.id == Turn.conversation_id)
+    .where(
+        Turn.id == bindparam("turn_id", type_=String),
+        Conversation.owner == bindparam("owner", type_=String),
+    )
+)
+"""Whether a turn is the owner's; built once (every event stream a client opens runs it)."""
+
+
+async def owns_turn(session: AsyncSession, turn_id: str, owner: str) -> bool:
+    """Whether the turn's conversation belongs to ``owner`` (no such turn: False, a 404).
+
+    What an event stream or a cancel needs before it goes on; lighter than
+    ``get_turn_for_owner``, which loads the whole row.
+    """
+    found = await session.execute(_OWNED_TURN, {"turn_id": turn_id, "owner": owner})
+    return found.first() is not None
+
+
 async def recent_turns(session: AsyncSession, conversation_id: str, *, limit: int) -> list[Turn]:
     """The newest ``limit`` turns of a conversation, oldest first."""
     newest = await session.scalars(

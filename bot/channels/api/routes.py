@@ -24,7 +24,7 @@ from bot.http.keys import READ_SESSIONS, SERVER, STREAM_READERS, TURN_FOLLOWERS,
 from bot.http.ops import METRICS
 from bot.http.readers import EventStreamReaders
 from bot.storage.models import Turn
-from bot.storage.queries import get_turn_for_owner
+from bot.storage.queries import get_turn_for_owner, owns_turn
 from bot.turns.branching import attempts_of
 from bot.turns.followers import TurnFollowers
 from bot.turns.service import api_event_id
@@ -147,13 +147,26 @@ async def get_turn(request: web.Request) -> web.Response:
     return web.json_response(turn_document(turn, key, attempts=attempts))
 
 
+async def _owned_turn_id(request: web.Request) -> tuple[str, Principal] | web.Response:
+    """The turn id in the path, if it is the caller's: all a stream or a cancel needs."""
+    principal = await authenticate_chat(request)
+    if isinstance(principal, web.Response):
+        return principal
+    turn_id = request.match_info["turn_id"]
+    async with request.app[READ_SESSIONS]() as session:
+        owned = await owns_turn(session, turn_id, principal.owner)
+    if not owned:
+        return json_error(404, "not_found", f"no turn {turn_id}")
+    return turn_id, principal
+
+
 async def cancel_turn(request: web.Request) -> web.Response:
-    found = await _owned_turn(request)
+    found = await _owned_turn_id(request)
     if isinstance(found, web.Response):
         return found
-    turn, _, _ = found
-    cancelled = await request.app[TURNS].cancel_turn(turn.id)
-    return web.json_response({"turn_id": turn.id, "cancelled": cancelled})
+    turn_id, _ = found
+    cancelled = await request.app[TURNS].cancel_turn(turn_id)
+    return web.json_response({"turn_id": turn_id, "cancelled": cancelled})
 
 
 def _resume_offset(request: web.Request) -> int:
@@ -162,14 +175,14 @@ def _resume_offset(request: web.Request) -> int:
 
 
 async def turn_events(request: web.Request) -> web.StreamResponse:
-    found = await _owned_turn(request)
+    found = await _owned_turn_id(request)
     if isinstance(found, web.Response):
         return found
-    turn, _, principal = found
+    turn_id, principal = found
     slot = reserve_stream(request, principal)
     if isinstance(slot, web.Response):
         return slot
-    return await stream_turn(request, turn.id, _resume_offset(request), slot)
+    return await stream_turn(request, turn_id, _resume_offset(request), slot)
 
 
 def setup(app: web.Application, tables: list[None], wiring: Wiring) -> None:
