@@ -42,6 +42,7 @@ START = r"^UPDATE turns SET (?:(?! WHERE ).)*\bstarted_at="
 FINAL = r"^UPDATE turns SET (?:(?! WHERE ).)*\bfinished_at="
 HISTORY = r"^INSERT INTO messages"
 ACCEPT = r"^INSERT INTO turns"
+READ_HISTORY = r"^WITH RECURSIVE path"
 
 
 def turn_lines(logs: list[dict[str, Any]], turn_id: str) -> list[dict[str, Any]]:
@@ -134,6 +135,35 @@ async def test_history_refused_for_good_fails_the_turn_visibly_and_the_chat_goes
     assert len(lines) == 1 and lines[0]["status"] == "failed"
     # The failed turn added nothing to the history; the next one continued it.
     assert [m.role for m in await load_history_rows(db_url)] == ["user", "assistant"]
+
+
+async def test_a_history_read_that_fails_fails_its_turn_once_and_the_chat_goes_on(
+    db_url: str, make_client: MakeClient, faults: list[WriteFaults]
+) -> None:
+    """A read, not a write, but the turn needs it: the turn ends once, failed, and the
+    next turn reads the history (known paths or not) and answers."""
+    client = await make_client(db_url)
+    key = await issue_key(db_url)
+    fault = WriteFaults(client)
+    faults.append(fault)
+    with structlog.testing.capture_logs() as logs:
+        first = await send(client, key, "m1", "Hello")
+        assert (await final_event(client, key, first["turn_id"])).kind == "done"
+        fault.fail(READ_HISTORY, times=1)
+        second = await send(client, key, "m2", "And then?")
+        ended = await final_event(client, key, second["turn_id"])
+        third = await send(client, key, "m3", "Again")
+        assert (await final_event(client, key, third["turn_id"])).kind == "done"
+
+    assert fault.raised == 1
+    assert ended.kind == "error" and ended.data["error_class"] == "internal"
+    turns = await load_turns(db_url)
+    assert [t.status for t in turns] == [TurnStatus.DONE, TurnStatus.FAILED, TurnStatus.DONE]
+    for accepted in (first, second, third):
+        assert len(turn_lines(logs, accepted["turn_id"])) == 1
+    # The third turn's prompt is the first exchange and its own: nothing of the second.
+    roles = [m.role for m in await load_history_rows(db_url)]
+    assert roles == ["user", "assistant", "user", "assistant"]
 
 
 async def test_a_turn_nothing_can_be_written_for_is_failed_and_the_next_one_answered(
