@@ -132,9 +132,9 @@ class Message(Base):
     __table_args__ = (UniqueConstraint("conversation_id", "seq"),)
 
     id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
-    conversation_id: Mapped[str] = mapped_column(
-        ForeignKey("conversations.id", ondelete="CASCADE"), index=True
-    )
+    # No index of its own: the unique (conversation_id, seq) one leads with it
+    # (migration 0010 says why one more would hurt).
+    conversation_id: Mapped[str] = mapped_column(ForeignKey("conversations.id", ondelete="CASCADE"))
     seq: Mapped[int] = mapped_column(Integer)
     role: Mapped[str] = mapped_column(String(16))
     text: Mapped[str] = mapped_column(Text)
