@@ -87,8 +87,8 @@ async def run(url: str, lengths: list[int], repeats: int) -> None:
             conversation_id = await make_conversation(sessions, entries)
             if not is_sqlite(url):
                 # As autovacuum does while conversations grow over many turns: a plan that
-                # PostgreSQL cached for the table as it was a moment ago (a few rows) can
-                # pick the wrong index for a path of hundreds of entries.
+                # PostgreSQL cached for the table as it was a moment ago (a few rows) joins
+                # a path of hundreds of entries to its rows in a nested loop.
                 async with engine.begin() as connection:
                     await connection.execute(text("ANALYZE messages"))
             known = KnownPaths()
