@@ -84,7 +84,7 @@ async def create_app(
     # A turn's own reads (its history, a prepared base) are short and on its critical
     # path: on SQLite they run on the loop's thread, without a trip to aiosqlite's.
     turn_reads = create_read_sessionmaker(db_engine, in_place=True)
-    db_probe = create_probe_engine(settings.database.url)
+    db_probe = create_probe_engine(settings.database.url, one_round_trip=True)
     app[DB_PROBE] = db_probe
     inference = engine if engine is not None else build_engine(settings)
     app[ENGINE] = inference

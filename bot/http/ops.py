@@ -22,6 +22,8 @@ from dataclasses import dataclass
 import structlog
 from aiohttp import web
 from sqlalchemy import text
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from bot.apikeys import authenticate
 from bot.http.errors import json_error
@@ -65,9 +67,7 @@ async def readiness(app: web.Application) -> str | None:
         return "starting: the engine or the turn service is not up yet"
     try:
         async with asyncio.timeout(READY_CHECK_TIMEOUT_S):
-            # Its own connection: a check queued behind busy requests would say "not ready".
-            async with app[DB_PROBE].connect() as connection:
-                await connection.execute(text("SELECT 1"))
+            await _database_answers(app[DB_PROBE])
     except Exception as exc:
         log.warning("not_ready", layer="database", error=f"{type(exc).__name__}: {exc}")
         return "database: not answering"
@@ -80,6 +80,22 @@ async def readiness(app: web.Application) -> str | None:
         log.warning("not_ready", layer="engine", error=f"{type(exc).__name__}: {exc}")
         return "engine: not answering"
     return None
+
+
+async def _database_answers(probe: AsyncEngine) -> None:
+    """One round trip on the probe's own connection (``create_probe_engine``); raises if
+    the database does not answer."""
+    for last_try in (False, True):
+        try:
+            # Its own connection: a check queued behind busy requests would say "not ready".
+            async with probe.connect() as connection:
+                await connection.execute(text("SELECT 1"))
+            return
+        except DBAPIError as exc:
+            # The server closed the kept connection since the last check (a restart, a
+            # kill): that says nothing of the database now, a new connection does.
+            if last_try or not exc.connection_invalidated:
+                raise
 
 
 async def readyz(request: web.Request) -> web.Response:

@@ -235,7 +235,7 @@ def create_engine(url: str, *, echo: bool = False) -> AsyncEngine:
     return create_async_engine(url, echo=echo, pool_pre_ping=True)
 
 
-def create_probe_engine(url: str) -> AsyncEngine:
+def create_probe_engine(url: str, *, one_round_trip: bool = False) -> AsyncEngine:
     """An engine of its own, for health checks: never the request pool's connections.
 
     It answers whether the database does, not whether the request pool has a free
@@ -245,9 +245,17 @@ def create_probe_engine(url: str) -> AsyncEngine:
     (pinged before use): a new one per check cost a server process each time and,
     with the event loop busy, several slow round trips (3 s and "not answering" with
     150 replies streaming). SQLite opens a file: no pool.
+
+    ``one_round_trip`` (PostgreSQL): no ping and no transaction, so that a check's
+    statement is its only trip to the server instead of six (the ping's BEGIN, ";" and
+    ROLLBACK, then BEGIN, the statement and ROLLBACK), each of which waits its turn on a
+    busy event loop. A connection the server closed since the last check fails the
+    statement instead of the ping: callers try once more (``connection_invalidated``).
     """
     if is_sqlite(url):
         return create_async_engine(url, poolclass=NullPool)
+    if one_round_trip:
+        return create_async_engine(url, pool_size=1, max_overflow=1, isolation_level="AUTOCOMMIT")
     return create_async_engine(url, pool_size=1, max_overflow=1, pool_pre_ping=True)
 
 

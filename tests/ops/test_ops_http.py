@@ -15,7 +15,7 @@ from bot.errors import EngineError, ErrorClass
 from bot.http.keys import TURNS
 from bot.metrics import note_rate_limited
 from tests.conftest import POSTGRES_ADMIN_DSN, MakeClient, issue_key
-from tests.helpers import admin_key, auth, load_turns
+from tests.helpers import admin_key, auth, load_turns, terminate_backends
 from tests.ops.helpers import chat, samples, value
 
 
@@ -78,6 +78,21 @@ async def test_readyz_is_503_naming_the_database_when_it_goes_away(
     response = await client.get("/readyz")
     assert response.status == 503
     assert (await response.json())["reason"].startswith("database:")
+
+
+@pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
+async def test_readyz_stays_200_when_the_server_cut_its_kept_connection(
+    db_url: str, make_client: MakeClient
+) -> None:
+    """The check keeps one connection and sends only its statement (no ping first): a
+    connection cut since the last check (a restart, a kill) is replaced, not reported."""
+    client = await make_client(db_url)
+    assert (await client.get("/readyz")).status == 200
+    assert await terminate_backends(db_url, "query = 'SELECT 1'") == 1
+    await asyncio.sleep(0.2)  # the cut reaches the client side
+    response = await client.get("/readyz")
+    assert response.status == 200, await response.text()
+    assert (await client.get("/readyz")).status == 200
 
 
 async def test_metrics_need_an_admin_scope_key_on_the_main_port(
