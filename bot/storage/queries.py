@@ -240,14 +240,14 @@ _OWNED_TURN = (
 """Whether a turn is the owner's; built once (every event stream a client opens runs it)."""
 
 
-async def owns_turn(session: AsyncSession, turn_id: str, owner: str) -> bool:
-    """Whether the turn's conversation belongs to ``owner`` (no such turn: False, a 404).
+async def owned_turn_id(session: AsyncSession, turn_id: str, owner: str) -> str | None:
+    """``turn_id`` if its conversation belongs to ``owner``, else None (a 404, not a 403).
 
     What an event stream or a cancel needs before it goes on; lighter than
     ``get_turn_for_owner``, which loads the whole row.
     """
     found = await session.execute(_OWNED_TURN, {"turn_id": turn_id, "owner": owner})
-    return found.first() is not None
+    return turn_id if found.first() is not None else None
 
 
 async def recent_turns(session: AsyncSession, conversation_id: str, *, limit: int) -> list[Turn]:

@@ -7,8 +7,12 @@ with ``error`` and ``reason``; nothing is stored for a refused request.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
 from aiohttp import web
 from pydantic import Field
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from bot.apikeys import Principal
 from bot.channels.api import branches, history, usage
@@ -23,8 +27,7 @@ from bot.http.errors import json_error
 from bot.http.keys import READ_SESSIONS, SERVER, STREAM_READERS, TURN_FOLLOWERS, TURNS
 from bot.http.ops import METRICS
 from bot.http.readers import EventStreamReaders
-from bot.storage.models import Turn
-from bot.storage.queries import get_turn_for_owner, owns_turn
+from bot.storage.queries import get_turn_for_owner, owned_turn_id
 from bot.turns.branching import attempts_of
 from bot.turns.followers import TurnFollowers
 from bot.turns.service import api_event_id
@@ -124,44 +127,38 @@ async def list_personas(request: web.Request) -> web.Response:
     )
 
 
-async def _owned_turn(request: web.Request) -> tuple[Turn, str, Principal] | web.Response:
+Found = TypeVar("Found")
+
+
+async def _owned(
+    request: web.Request, read: Callable[[AsyncSession, str, str], Awaitable[Found | None]]
+) -> tuple[Found, Principal] | web.Response:
+    """What ``read`` finds of the turn in the path for the caller: 401, or 404 when it
+    is not theirs (or not there)."""
     principal = await authenticate_chat(request)
     if isinstance(principal, web.Response):
         return principal
     turn_id = request.match_info["turn_id"]
     async with request.app[READ_SESSIONS]() as session:
-        found = await get_turn_for_owner(session, turn_id, principal.owner)
+        found = await read(session, turn_id, principal.owner)
     if found is None:
         return json_error(404, "not_found", f"no turn {turn_id}")
-    turn, conversation_key = found
-    return turn, conversation_key, principal
+    return found, principal
 
 
 async def get_turn(request: web.Request) -> web.Response:
-    found = await _owned_turn(request)
+    found = await _owned(request, get_turn_for_owner)
     if isinstance(found, web.Response):
         return found
-    turn, key, _ = found
+    (turn, key), _ = found
     async with request.app[READ_SESSIONS]() as session:
         attempts = await attempts_of(session, turn)
     return web.json_response(turn_document(turn, key, attempts=attempts))
 
 
-async def _owned_turn_id(request: web.Request) -> tuple[str, Principal] | web.Response:
-    """The turn id in the path, if it is the caller's: all a stream or a cancel needs."""
-    principal = await authenticate_chat(request)
-    if isinstance(principal, web.Response):
-        return principal
-    turn_id = request.match_info["turn_id"]
-    async with request.app[READ_SESSIONS]() as session:
-        owned = await owns_turn(session, turn_id, principal.owner)
-    if not owned:
-        return json_error(404, "not_found", f"no turn {turn_id}")
-    return turn_id, principal
-
-
 async def cancel_turn(request: web.Request) -> web.Response:
-    found = await _owned_turn_id(request)
+    # The id is all a cancel or a stream needs: the row is not loaded.
+    found = await _owned(request, owned_turn_id)
     if isinstance(found, web.Response):
         return found
     turn_id, _ = found
@@ -175,7 +172,7 @@ def _resume_offset(request: web.Request) -> int:
 
 
 async def turn_events(request: web.Request) -> web.StreamResponse:
-    found = await _owned_turn_id(request)
+    found = await _owned(request, owned_turn_id)
     if isinstance(found, web.Response):
         return found
     turn_id, principal = found
