@@ -21,6 +21,7 @@ from bot.http import openapi, ops
 from bot.http.clients import platform_client
 from bot.http.keys import (
     CHAT_FORMAT,
+    DB_ANSWERS,
     DB_PROBE,
     ENGINE,
     ENGINE_SETTINGS,
@@ -37,6 +38,7 @@ from bot.storage.db import (
     create_probe_engine,
     create_read_sessionmaker,
     create_sessionmaker,
+    watch_answers,
 )
 from bot.turns.chat_format import ChatFormat, ChatFormatSource, load_tokenizer
 from bot.turns.claims import build_claims
@@ -86,6 +88,7 @@ async def create_app(
     turn_reads = create_read_sessionmaker(db_engine, in_place=True)
     db_probe = create_probe_engine(settings.database.url, one_round_trip=True)
     app[DB_PROBE] = db_probe
+    app[DB_ANSWERS] = watch_answers(db_engine)
     inference = engine if engine is not None else build_engine(settings)
     app[ENGINE] = inference
     turns = TurnService(sessions, TurnStreams())

@@ -40,6 +40,7 @@ from bot.engine.remote_errors import RemoteFailure, from_exception, from_status,
 from bot.engine.routing import ReplicaSet
 from bot.engine.settings import EngineSettings
 from bot.errors import EngineError, ErrorClass
+from bot.recent_answer import RecentAnswer
 
 log = structlog.get_logger(__name__)
 
@@ -94,6 +95,7 @@ class OpenAIRemoteEngine:
         self._http: aiohttp.ClientSession | None = None
         self._control: aiohttp.ClientSession | None = None
         self._in_flight: dict[str, aiohttp.ClientResponse] = {}
+        self._streamed = RecentAnswer()
 
     # -- lifetime ----------------------------------------------------------------------
 
@@ -199,7 +201,14 @@ class OpenAIRemoteEngine:
             log.info("engine_stopped", kind="openai")
 
     async def check_health(self) -> None:
-        """Healthy when at least one replica answers ``/health``."""
+        """Healthy when a replica streamed to us a moment ago or answers ``/health``.
+
+        The stream counts first: under load a ``/health`` request waits behind the
+        replica's busy event loop (and ours) and may miss the check's timeout while the
+        replica serves every request (``bot.recent_answer``).
+        """
+        if self._streamed.fresh():
+            return
         problems = []
         for base_url in self.replicas.base_urls:
             try:
@@ -355,6 +364,7 @@ class OpenAIRemoteEngine:
                 raise _Failed(from_status(status, json.dumps(event), base_url, self.model))
             if not isinstance(event.get("choices"), list):
                 raise _Failed(protocol_error(base_url, "stream event has no 'choices'"))
+            self._streamed.saw()
             if isinstance(event.get("usage"), dict):
                 usage = event["usage"]
                 metrics = event.get("metrics")

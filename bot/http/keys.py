@@ -10,6 +10,7 @@ from bot.engine.base import InferenceEngine
 from bot.engine.settings import EngineSettings
 from bot.http.readers import EventStreamReaders
 from bot.http.settings import ServerSettings
+from bot.recent_answer import RecentAnswer
 from bot.turns.chat_format import ChatFormatSource
 from bot.turns.followers import TurnFollowers
 from bot.turns.service import TurnService
@@ -27,6 +28,8 @@ HTTP_CLIENT = web.AppKey("http_client", aiohttp.ClientSession)
 CHAT_FORMAT = web.AppKey("chat_format", ChatFormatSource)
 DB_PROBE = web.AppKey("db_probe", AsyncEngine)
 """The readiness check's own database connection (``bot.storage.db.create_probe_engine``)."""
+DB_ANSWERS = web.AppKey("db_answers", RecentAnswer)
+"""When the request engine's last statement completed (``bot.storage.db.watch_answers``)."""
 STREAM_READERS = web.AppKey("stream_readers", EventStreamReaders)
 TURN_FOLLOWERS = web.AppKey("turn_followers", TurnFollowers)
 USAGE = web.AppKey("usage", UsageReports)

@@ -2,8 +2,9 @@
 
 * ``/healthz``: the process answers (liveness).
 * ``/readyz``: the service started, is not draining, and the database and the
-  engine answer; else 503 with the reason (readiness: load balancers, Docker's
-  HEALTHCHECK, systemd's READY=1).
+  engine answer (work either completed a moment ago, or a check's own round trip:
+  ``bot.recent_answer``); else 503 with the reason (readiness: load balancers,
+  Docker's HEALTHCHECK, systemd's READY=1).
 * ``/metrics``: Prometheus text. On the public port it needs an admin-scope
   API key; the admin listen address (``server.admin_port``) serves all three
   without a key, for a scraper on a private network.
@@ -27,7 +28,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from bot.apikeys import authenticate
 from bot.http.errors import json_error
-from bot.http.keys import DB_PROBE, ENGINE, READ_SESSIONS, SERVER, SESSIONS, TURNS
+from bot.http.keys import DB_ANSWERS, DB_PROBE, ENGINE, READ_SESSIONS, SERVER, SESSIONS, TURNS
 from bot.metrics import CONTENT_TYPE, BotMetrics
 
 log = structlog.get_logger(__name__)
@@ -66,8 +67,11 @@ async def readiness(app: web.Application) -> str | None:
     if not state.started:
         return "starting: the engine or the turn service is not up yet"
     try:
-        async with asyncio.timeout(READY_CHECK_TIMEOUT_S):
-            await _database_answers(app[DB_PROBE])
+        # Statements that just completed say so without a round trip, which under load
+        # would wait behind them (bot.recent_answer).
+        if not app[DB_ANSWERS].fresh():
+            async with asyncio.timeout(READY_CHECK_TIMEOUT_S):
+                await _database_answers(app[DB_PROBE])
     except Exception as exc:
         log.warning("not_ready", layer="database", error=f"{type(exc).__name__}: {exc}")
         return "database: not answering"

@@ -22,6 +22,7 @@ from sqlalchemy.pool import NullPool, PoolResetState
 from sqlalchemy.util import await_only
 from sqlalchemy.util.concurrency import in_greenlet
 
+from bot.recent_answer import RecentAnswer
 from bot.storage.sqlite_driver import OneTripConnection, OneTripDBAPI
 
 SQLITE_BUSY_TIMEOUT_MS = 5000
@@ -233,6 +234,20 @@ def create_engine(url: str, *, echo: bool = False) -> AsyncEngine:
         event.listen(engine.sync_engine.pool, "invalidate", _on_sqlite_invalidate)
         return engine
     return create_async_engine(url, echo=echo, pool_pre_ping=True)
+
+
+def watch_answers(engine: AsyncEngine) -> RecentAnswer:
+    """When a statement of ``engine``'s last completed: readiness's evidence that the
+    database answers, without a round trip of its own (``bot.recent_answer``)."""
+    answers = RecentAnswer()
+
+    def _answered(*_: Any) -> None:
+        answers.saw()
+
+    # After the statement, not at commit: SQLAlchemy's "commit" event comes before the
+    # server has said yes.
+    event.listen(engine.sync_engine, "after_cursor_execute", _answered)
+    return answers
 
 
 def create_probe_engine(url: str, *, one_round_trip: bool = False) -> AsyncEngine:

@@ -5,16 +5,23 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import asyncpg
 import pytest
+from aiohttp.test_utils import TestClient, TestServer
 
+from bot.app import create_app
 from bot.engine.base import GenerationChunk, GenerationRequest
+from bot.engine.settings import EngineSettings
 from bot.errors import EngineError, ErrorClass
-from bot.http.keys import TURNS
+from bot.http.keys import DB_PROBE, TURNS
 from bot.metrics import note_rate_limited
-from tests.conftest import POSTGRES_ADMIN_DSN, MakeClient, issue_key
+from bot.recent_answer import FRESH_S
+from bot.storage.db import create_probe_engine, is_sqlite
+from bot.turns.chat_format import ChatFormat
+from tests.conftest import POSTGRES_ADMIN_DSN, MakeClient, issue_key, make_settings
 from tests.helpers import admin_key, auth, load_turns, terminate_backends
 from tests.ops.helpers import chat, samples, value
 
@@ -75,9 +82,47 @@ async def test_readyz_is_503_naming_the_database_when_it_goes_away(
         await connection.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
     finally:
         await connection.close()
+    # Statements that completed before the drop (the poller's) count for FRESH_S.
+    await asyncio.sleep(FRESH_S)
     response = await client.get("/readyz")
     assert response.status == 503
     assert (await response.json())["reason"].startswith("database:")
+
+
+async def test_readyz_takes_statements_that_just_completed_for_the_database_answering(
+    db_url: str,
+    engine: Any,
+    engine_settings: EngineSettings,
+    chat_format: ChatFormat,
+    tmp_path: Path,
+) -> None:
+    """Under load the check's own round trip waits behind the very statements that show the
+    database answers, and can miss its timeout (bot.recent_answer): while they complete, the
+    service is ready whatever the probe says; once they stop, the probe decides."""
+    # No poller statements in between: the test decides when the database last answered.
+    settings = make_settings(db_url, engine_settings, workers={"poll_interval_s": 60})
+    app = await create_app(settings, engine=engine, chat_format=chat_format)
+    # A probe that cannot get through, as a check that misses its timeout.
+    cut_off = (
+        f"sqlite+aiosqlite:///{tmp_path}/no/such/dir/bot.db"
+        if is_sqlite(db_url)
+        else "postgresql+asyncpg://127.0.0.1:1/test"
+    )
+    app[DB_PROBE] = probe = create_probe_engine(cut_off, one_round_trip=True)
+    client: TestClient[Any, Any] = TestClient(TestServer(app, host="127.0.0.1"))
+    await client.start_server()
+    try:
+        key = await issue_key(db_url)
+        assert (await chat(client, key, "c1", "m1"))["kind"] == "done"
+        response = await client.get("/readyz")
+        assert response.status == 200, await response.text()
+        await asyncio.sleep(FRESH_S + 0.2)
+        response = await client.get("/readyz")
+        assert response.status == 503
+        assert (await response.json())["reason"] == "database: not answering"
+    finally:
+        await client.close()
+        await probe.dispose()
 
 
 @pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
@@ -86,7 +131,10 @@ async def test_readyz_stays_200_when_the_server_cut_its_kept_connection(
 ) -> None:
     """The check keeps one connection and sends only its statement (no ping first): a
     connection cut since the last check (a restart, a kill) is replaced, not reported."""
-    client = await make_client(db_url)
+    # Without the poller's statements (nor time for earlier ones to count) each check is the
+    # probe's round trip.
+    client = await make_client(db_url, workers={"poll_interval_s": 60})
+    await asyncio.sleep(FRESH_S)
     assert (await client.get("/readyz")).status == 200
     assert await terminate_backends(db_url, "query = 'SELECT 1'") == 1
     await asyncio.sleep(0.2)  # the cut reaches the client side

@@ -16,11 +16,17 @@ def _sse(*events: dict[str, Any] | str) -> bytes:
 
 
 CHUNK = {"choices": [{"index": 0, "text": "hi", "token_ids": [5], "finish_reason": None}]}
+LAST = {
+    "choices": [{"index": 0, "text": "", "token_ids": [], "finish_reason": "length"}],
+    "usage": {"prompt_tokens": 3, "completion_tokens": 1},
+}
 
 
 @dataclass
 class MisbehavingServer:
     mode: str = "status"
+    """How ``/v1/completions`` misbehaves. ``/health`` is never served (404), as if each
+    check missed its timeout."""
     status: int = 500
     requests: list[dict[str, Any]] = field(default_factory=list)
     headers: list[dict[str, str]] = field(default_factory=list)
@@ -73,5 +79,10 @@ class MisbehavingServer:
             assert request.transport is not None
             request.transport.close()
             return response
+        elif mode == "slow":
+            # A correct reply that takes its time: one token, a pause, the end.
+            await response.write(_sse(CHUNK))
+            await asyncio.sleep(0.5)
+            await response.write(_sse(LAST, "[DONE]"))
         await response.write_eof()
         return response

@@ -126,9 +126,7 @@ async def test_150_concurrent_turns_on_one_replica_never_time_out_and_readyz_sta
     assert attempts == Counter()
     assert Counter(finals) == Counter({"done": CONCURRENT_TURNS})
     assert peak_in_flight > 100  # the load did go beyond aiohttp's default pool of 100
-    # At most one check may miss: on a loaded 2-core machine, run with the rest of the
-    # suite (not alone), one database check has taken 6.5 s once in a run, the stall in
-    # closing the probe's connection, also before the probe became one round trip
-    # (issue 14's notes). More than one is a service that is not ready under load.
-    assert readyz[200] >= 10 and readyz[503] <= 1, (dict(readyz), not_ready)
-    assert set(not_ready) <= {"database: not answering"}, not_ready
+    # Every check passes: a check's own round trip has taken over 3 s here (vLLM's threads
+    # on both cores), but streams and statements that just completed count as answers
+    # (bot.recent_answer).
+    assert readyz[200] >= 10 and readyz[503] == 0, (dict(readyz), not_ready)

@@ -16,6 +16,7 @@ from bot.engine.openai_remote import OpenAIRemoteEngine
 from bot.engine.routing import rendezvous_order
 from bot.engine.vllm_local import LocalVLLMEngine
 from bot.errors import EngineError, ErrorClass
+from bot.recent_answer import FRESH_S
 from bot.turns.chat_format import ChatFormat
 from tests.conftest import TEST_BLOCK_SIZE, MakeClient, issue_key
 from tests.helpers import auth, read_sse
@@ -221,6 +222,29 @@ async def test_nothing_is_retried_once_text_has_streamed(misbehaving: Misbehavin
     assert received == [5]
     assert caught.value.error_class is ErrorClass.ENGINE_UNAVAILABLE
     assert len(misbehaving.requests) == 1, "a retry would repeat text the user already saw"
+
+
+async def test_a_replica_streaming_to_us_is_healthy_though_its_health_check_fails(
+    misbehaving: MisbehavingServer,
+) -> None:
+    """Under load a replica's /health can miss the check's timeout while every stream flows:
+    a stream that just delivered is the better evidence (bot.recent_answer)."""
+    misbehaving.mode = "slow"  # and /health answers 404
+    engine = await engine_for([misbehaving.base_url], max_attempts=1)
+    try:
+        with pytest.raises(EngineError):
+            await engine.check_health()  # idle: the check's own round trip decides
+        stream = engine.generate(request([1, 2, 3], "k"))
+        first = await anext(stream)
+        assert list(first.token_ids) == [5]
+        await engine.check_health()  # mid-stream: healthy without asking
+        rest = [chunk async for chunk in stream]
+        assert rest[-1].finished
+        await asyncio.sleep(FRESH_S + 0.1)
+        with pytest.raises(EngineError):
+            await engine.check_health()  # nothing since: asked again, and it fails
+    finally:
+        await engine.shutdown()
 
 
 async def test_a_failing_replica_fails_over_and_its_breaker_opens(

@@ -227,9 +227,7 @@ async def test_a_stale_or_half_prepared_base_is_not_used(
             await _say(client, key, i)
             i += 1
         assert not [line for line in logs if line["event"] == "compaction"]
-        await (_prepared_from_other_ids if change == "other-ids" else _crash_half_way)(
-            db_url, row
-        )
+        await (_prepared_from_other_ids if change == "other-ids" else _crash_half_way)(db_url, row)
         await _say(client, key, i)
     [line] = [line for line in logs if line["event"] == "compaction"]
     assert line["prepared"] is False
