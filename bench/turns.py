@@ -20,6 +20,7 @@ reading and parsing of every stream event would count as the service's time.
 Run:  .venv/bin/python bench/turns.py --conversations 4 --turns 12
       .venv/bin/python bench/turns.py --conversations 16 --turns 6   (16 concurrent chats)
       add --loop uvloop to run the service (and the client) on uvloop's event loop
+      add --one-request to stream each reply in its POST's response (no second request)
 """
 
 from __future__ import annotations
@@ -123,9 +124,13 @@ async def main(args: argparse.Namespace) -> None:
 
     chats: Chats
     if args.client_in_process:
-        chats = await run_chats(base, key, args.conversations, args.turns)
+        chats = await run_chats(
+            base, key, args.conversations, args.turns, one_request=args.one_request
+        )
     else:
-        chats = await run_chats_in_subprocess(base, key, args.conversations, args.turns, args.loop)
+        chats = await run_chats_in_subprocess(
+            base, key, args.conversations, args.turns, args.loop, one_request=args.one_request
+        )
     per_conversation, service_wall = chats.conversations, chats.wall_s
     results = [result for conversation in per_conversation for result in conversation]
     failures = [r for r in results if r.get("kind") != "done"]
@@ -178,7 +183,8 @@ async def main(args: argparse.Namespace) -> None:
     print(f"max_tokens={args.max_tokens}, demo model, CPU; load average ", end="")
     print(" ".join(f"{x:.2f}" for x in os.getloadavg()))
     where = "the service's own event loop" if args.client_in_process else "a separate process"
-    print(f"# HTTP client ran in {where}")
+    print(f"# HTTP client ran in {where}", end="")
+    print("; each reply streamed in its POST's response" if args.one_request else "")
     print(f"turns: {len(results)} ({len(failures)} failed)")
     print(f"prefix cache: {cached}/{cacheable} cacheable prompt tokens served from cache", end="")
     print(f" = {share:.1f} % (turns 2..{args.turns})")
@@ -230,6 +236,12 @@ if __name__ == "__main__":
         "--client-in-process",
         action="store_true",
         help="run the HTTP client in the service's own event loop (not a separate process)",
+    )
+    parser.add_argument(
+        "--one-request",
+        action="store_true",
+        help="each POST asks for text/event-stream and reads the reply in its own response "
+        "(one request a turn, not a POST then a GET of the stream)",
     )
     arguments = parser.parse_args()
     run_on(arguments.loop, main(arguments))

@@ -2,13 +2,16 @@
 
 Each turn: POST /v1/messages, then its SSE stream (``/v1/turns/{id}/events``)
 read to the end, timed by the client (TTFT from the POST to the first delta,
-end-to-end to the end of the stream, the POST's ack).
+end-to-end to the end of the stream, the POST's ack). With ``one_request`` the
+POST asks for ``text/event-stream`` and the reply streams in its own response
+(the ack is then the time to its headers, sent once the message is stored).
 
 By default bench/turns.py runs it as a separate process (``python
 bench/turns_client.py BASE_URL``, the API key in ``BENCH_TURNS_KEY``), with its
 own event loop, so that parsing every event of every stream does not share the
 service's loop and count as the service's time. Protocol (harness.JsonLinesProcess):
-one ``{"conversations": N, "turns": T}`` line on stdin, one ``Chats`` line back.
+one ``{"conversations": N, "turns": T, "one_request": bool}`` line on stdin, one
+``Chats`` line back.
 """
 
 from __future__ import annotations
@@ -74,10 +77,16 @@ async def read_stream(response: aiohttp.ClientResponse, started: float) -> dict[
 
 
 async def chat(
-    http: aiohttp.ClientSession, base: str, key: str, conversation: str, turns: int
+    http: aiohttp.ClientSession,
+    base: str,
+    key: str,
+    conversation: str,
+    turns: int,
+    one_request: bool,
 ) -> list[dict[str, Any]]:
     results = []
     headers = {"Authorization": f"Bearer {key}"}
+    streamed = {**headers, "Accept": "text/event-stream"}
     for index in range(turns):
         payload = {
             "conversation_id": conversation,
@@ -85,39 +94,56 @@ async def chat(
             "text": USER_LINES[index % len(USER_LINES)],
         }
         started = time.perf_counter()
+        if one_request:
+            async with http.post(f"{base}/v1/messages", json=payload, headers=streamed) as response:
+                ack_ms = (time.perf_counter() - started) * 1000
+                result = await read_stream(response, started)
+            results.append({"turn": index, "ack_ms": ack_ms, **result})
+            continue
         async with http.post(f"{base}/v1/messages", json=payload, headers=headers) as response:
             body = await response.json()
         ack_ms = (time.perf_counter() - started) * 1000
         async with http.get(f"{base}{body['stream_url']}", headers=headers) as response:
             result = await read_stream(response, started)
-        results.append({"turn": index, "ack_ms": ack_ms, "turn_id": body["turn_id"], **result})
+        results.append({"turn": index, "ack_ms": ack_ms, **result})
     return results
 
 
-async def run_chats(base: str, key: str, conversations: int, turns: int) -> Chats:
+async def run_chats(
+    base: str, key: str, conversations: int, turns: int, *, one_request: bool = False
+) -> Chats:
     """The conversations, all at once, from the calling event loop."""
     async with aiohttp.ClientSession() as http:
         started = time.perf_counter()
         per_conversation = await asyncio.gather(
-            *(chat(http, base, key, f"conv-{i}", turns) for i in range(conversations))
+            *(chat(http, base, key, f"conv-{i}", turns, one_request) for i in range(conversations))
         )
         return Chats(per_conversation, time.perf_counter() - started)
 
 
 async def run_chats_in_subprocess(
-    base: str, key: str, conversations: int, turns: int, loop: str
+    base: str, key: str, conversations: int, turns: int, loop: str, *, one_request: bool = False
 ) -> Chats:
     """The same, from a process of its own: this file, run as a script on ``loop``."""
     async with JsonLinesProcess(__file__, [base, "--loop", loop], {KEY_ENV: key}) as client:
-        answer = await client.ask({"conversations": conversations, "turns": turns})
+        answer = await client.ask(
+            {"conversations": conversations, "turns": turns, "one_request": one_request}
+        )
     return Chats(answer["conversations"], answer["wall_s"])
 
 
 async def answer_requests(base: str, key: str) -> None:
     """The client process: one ``Chats`` line on stdout for each request read from stdin."""
 
-    async def answer(request: dict[str, int]) -> dict[str, Any]:
-        return asdict(await run_chats(base, key, request["conversations"], request["turns"]))
+    async def answer(request: dict[str, Any]) -> dict[str, Any]:
+        chats = await run_chats(
+            base,
+            key,
+            request["conversations"],
+            request["turns"],
+            one_request=bool(request.get("one_request")),
+        )
+        return asdict(chats)
 
     await answer_json_lines(answer)
 
