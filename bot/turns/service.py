@@ -224,7 +224,8 @@ class TurnService:
             self._persist_ms.popitem(last=False)
         if self.claims.exclusive:
             # With several workers another one may run it: the runner opens the stream there.
-            self.streams.open(turn_id)
+            # The conversation was found by this owner: the turn is theirs.
+            self.streams.open(turn_id, owner=message.owner)
         self.schedule(slot.conversation_id)
         return Accepted(turn_id, slot.conversation_id, duplicate=False)
 

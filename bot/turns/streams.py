@@ -26,6 +26,8 @@ class StreamEvent:
 
 @dataclass
 class _Stream:
+    owner: str | None = None
+    """Whose conversation the turn is in, when the process that accepted it opened it."""
     text: str = ""
     final: StreamEvent | None = None
     changed: asyncio.Condition = field(default_factory=asyncio.Condition)
@@ -45,8 +47,19 @@ class TurnStreams:
         self._streams: dict[str, _Stream] = {}
         self._retention_s = retention_s
 
-    def open(self, turn_id: str) -> None:
-        self._streams.setdefault(turn_id, _Stream())
+    def open(self, turn_id: str, *, owner: str | None = None) -> None:
+        stream = self._streams.setdefault(turn_id, _Stream())
+        if owner is not None:
+            stream.owner = owner
+
+    def owner_of(self, turn_id: str) -> str | None:
+        """The owner given to ``open``, while the stream is kept; None when not known here.
+
+        A turn's owner never changes: a reader's stream can be checked against it
+        without reading the database on the way to the turn's first token.
+        """
+        stream = self._streams.get(turn_id)
+        return None if stream is None else stream.owner
 
     def has(self, turn_id: str) -> bool:
         return turn_id in self._streams

@@ -156,9 +156,25 @@ async def get_turn(request: web.Request) -> web.Response:
     return web.json_response(turn_document(turn, key, attempts=attempts))
 
 
+def _owned_id(
+    request: web.Request,
+) -> Callable[[AsyncSession, str, str], Awaitable[str | None]]:
+    """Reads whether a turn is the owner's: from memory for a turn this process accepted
+    (no database read on the way to its first token), else its id from the database."""
+    streams = request.app[TURNS].streams
+
+    async def read(session: AsyncSession, turn_id: str, owner: str) -> str | None:
+        known = streams.owner_of(turn_id)
+        if known is None:
+            return await owned_turn_id(session, turn_id, owner)
+        return turn_id if known == owner else None
+
+    return read
+
+
 async def cancel_turn(request: web.Request) -> web.Response:
     # The id is all a cancel or a stream needs: the row is not loaded.
-    found = await _owned(request, owned_turn_id)
+    found = await _owned(request, _owned_id(request))
     if isinstance(found, web.Response):
         return found
     turn_id, _ = found
@@ -172,7 +188,7 @@ def _resume_offset(request: web.Request) -> int:
 
 
 async def turn_events(request: web.Request) -> web.StreamResponse:
-    found = await _owned(request, owned_turn_id)
+    found = await _owned(request, _owned_id(request))
     if isinstance(found, web.Response):
         return found
     turn_id, principal = found
