@@ -320,6 +320,9 @@ class OpenAIRemoteEngine:
                     raise _Failed(
                         protocol_error(base_url, f"content type {response.content_type!r}, not SSE")
                     )
+                # The stream opened: the replica answers, before its first token (which
+                # can wait behind a long queue of prefills).
+                self._streamed.saw()
                 self._in_flight[request.request_id] = response
                 try:
                     async for chunk in self._read_stream(base_url, request, response):

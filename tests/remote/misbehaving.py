@@ -80,7 +80,9 @@ class MisbehavingServer:
             request.transport.close()
             return response
         elif mode == "slow":
-            # A correct reply that takes its time: one token, a pause, the end.
+            # A correct reply that takes its time: the stream opens, then (a long queue of
+            # prefills) its first token 2 s later, a pause, the end.
+            await asyncio.sleep(2.0)
             await response.write(_sse(CHUNK))
             await asyncio.sleep(0.5)
             await response.write(_sse(LAST, "[DONE]"))

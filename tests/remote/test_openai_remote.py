@@ -235,7 +235,16 @@ async def test_a_replica_streaming_to_us_is_healthy_though_its_health_check_fail
         with pytest.raises(EngineError):
             await engine.check_health()  # idle: the check's own round trip decides
         stream = engine.generate(request([1, 2, 3], "k"))
-        first = await anext(stream)
+        first_token = asyncio.ensure_future(anext(stream))
+        while True:  # healthy once the stream has opened, before its first token
+            try:
+                await engine.check_health()
+                break
+            except EngineError:
+                assert not first_token.done(), "the first token came before any healthy check"
+                await asyncio.sleep(0.05)
+        assert not first_token.done()
+        first = await first_token
         assert list(first.token_ids) == [5]
         await engine.check_health()  # mid-stream: healthy without asking
         rest = [chunk async for chunk in stream]
