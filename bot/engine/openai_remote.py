@@ -30,10 +30,12 @@ import asyncio
 import json
 import random
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, TypedDict
 
 import aiohttp
 import structlog
+from aiohttp.helpers import get_env_proxy_for_url
+from yarl import URL
 
 from bot.engine.base import EngineTimings, GenerationChunk, GenerationRequest
 from bot.engine.remote_errors import RemoteFailure, from_exception, from_status, protocol_error
@@ -74,6 +76,22 @@ def _cached_tokens(usage: dict[str, Any]) -> int:
     return int(details.get("cached_tokens") or 0) if isinstance(details, dict) else 0
 
 
+class _Proxy(TypedDict, total=False):
+    """aiohttp's request arguments for a replica's proxy; empty to dial it directly."""
+
+    proxy: URL
+    proxy_auth: aiohttp.BasicAuth | None
+
+
+def _proxy_from_env(base_url: str) -> _Proxy:
+    """The proxy that HTTP(S)_PROXY names for ``base_url``, unless NO_PROXY exempts it."""
+    try:
+        proxy, proxy_auth = get_env_proxy_for_url(URL(base_url))
+    except LookupError:
+        return {}
+    return {"proxy": proxy, "proxy_auth": proxy_auth}
+
+
 class OpenAIRemoteEngine:
     """``InferenceEngine`` over one or more vLLM OpenAI-compatible servers."""
 
@@ -96,6 +114,7 @@ class OpenAIRemoteEngine:
         self._control: aiohttp.ClientSession | None = None
         self._in_flight: dict[str, aiohttp.ClientResponse] = {}
         self._streamed = RecentAnswer()
+        self._proxies: dict[str, _Proxy] = {}
 
     # -- lifetime ----------------------------------------------------------------------
 
@@ -116,16 +135,17 @@ class OpenAIRemoteEngine:
             sock_connect=settings.connect_timeout_s,
             sock_read=settings.request_timeout_s,
         )
-        # trust_env: HTTP(S)_PROXY / NO_PROXY apply as for any other client on the host.
+        # HTTP(S)_PROXY / NO_PROXY apply as for any other client on the host, read once
+        # per replica here: with trust_env aiohttp reads them, and ~/.netrc, in a worker
+        # thread at every request, two thread hops on the way to every first token.
+        self._proxies = {url: _proxy_from_env(url) for url in self.replicas.base_urls}
         self._http = aiohttp.ClientSession(
             headers=headers,
             timeout=timeout,
-            trust_env=True,
             connector=aiohttp.TCPConnector(limit=settings.max_connections, limit_per_host=0),
         )
         self._control = aiohttp.ClientSession(
             headers=headers,
-            trust_env=True,
             connector=aiohttp.TCPConnector(limit=CONTROL_CONNECTIONS),
         )
         await asyncio.gather(*(self._probe(url) for url in self.replicas.base_urls))
@@ -163,7 +183,9 @@ class OpenAIRemoteEngine:
     async def _served_models(self, base_url: str) -> list[dict[str, Any]]:
         try:
             async with self.control.get(
-                f"{base_url}/v1/models", timeout=aiohttp.ClientTimeout(total=MODELS_TIMEOUT_S)
+                f"{base_url}/v1/models",
+                timeout=aiohttp.ClientTimeout(total=MODELS_TIMEOUT_S),
+                **self._proxy(base_url),
             ) as response:
                 body = await response.text()
                 if response.status != 200:
@@ -177,6 +199,9 @@ class OpenAIRemoteEngine:
         except (ValueError, KeyError, TypeError) as exc:
             raise protocol_error(base_url, "/v1/models has no 'data' list").error from exc
         return [model for model in data if isinstance(model, dict)]
+
+    def _proxy(self, base_url: str) -> _Proxy:
+        return self._proxies.get(base_url) or {}
 
     @property
     def http(self) -> aiohttp.ClientSession:
@@ -213,7 +238,9 @@ class OpenAIRemoteEngine:
         for base_url in self.replicas.base_urls:
             try:
                 async with self.control.get(
-                    f"{base_url}/health", timeout=aiohttp.ClientTimeout(total=MODELS_TIMEOUT_S)
+                    f"{base_url}/health",
+                    timeout=aiohttp.ClientTimeout(total=MODELS_TIMEOUT_S),
+                    **self._proxy(base_url),
                 ) as response:
                     if response.status == 200:
                         return
@@ -309,6 +336,7 @@ class OpenAIRemoteEngine:
                 f"{base_url}/v1/completions",
                 json=self._body(request),
                 headers=self._headers(request),
+                **self._proxy(base_url),
             ) as response:
                 if response.status != 200:
                     body = await response.text()

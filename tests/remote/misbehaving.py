@@ -79,12 +79,13 @@ class MisbehavingServer:
             assert request.transport is not None
             request.transport.close()
             return response
-        elif mode == "slow":
-            # A correct reply that takes its time: the stream opens, then (a long queue of
-            # prefills) its first token 2 s later, a pause, the end.
-            await asyncio.sleep(2.0)
+        elif mode in ("ok", "slow"):
+            # A correct reply of one token. "slow" takes its time: the stream opens, then
+            # (a long queue of prefills) its first token 2 s later, a pause, the end.
+            slow = mode == "slow"
+            await asyncio.sleep(2.0 if slow else 0)
             await response.write(_sse(CHUNK))
-            await asyncio.sleep(0.5)
+            await asyncio.sleep(0.5 if slow else 0)
             await response.write(_sse(LAST, "[DONE]"))
         await response.write_eof()
         return response

@@ -224,6 +224,35 @@ async def test_nothing_is_retried_once_text_has_streamed(misbehaving: Misbehavin
     assert len(misbehaving.requests) == 1, "a retry would repeat text the user already saw"
 
 
+async def test_the_environment_s_proxy_carries_the_requests_to_the_replicas(
+    misbehaving: MisbehavingServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """HTTP(S)_PROXY and NO_PROXY apply to the engine's replicas as to any client on the host."""
+    # The fake server plays the proxy: a replica whose name does not resolve is reached
+    # only through it.
+    monkeypatch.setenv("HTTP_PROXY", misbehaving.base_url)
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    misbehaving.mode = "ok"
+    engine = await engine_for(["http://replica.invalid:8000"], max_attempts=1)
+    try:
+        ids, final = await collect(engine, request([1, 2, 3], "k"))
+    finally:
+        await engine.shutdown()
+    assert ids == [5] and final.finished
+    assert len(misbehaving.requests) == 1
+
+    # NO_PROXY names the replica: it is dialled directly (and does not resolve).
+    monkeypatch.setenv("NO_PROXY", "replica.invalid")
+    engine = await engine_for(["http://replica.invalid:8000"], max_attempts=1)
+    try:
+        error = await failure_of(engine, request([1, 2, 3], "k"))
+    finally:
+        await engine.shutdown()
+    assert error.error_class is ErrorClass.NETWORK
+    assert len(misbehaving.requests) == 1
+
+
 async def test_a_replica_streaming_to_us_is_healthy_though_its_health_check_fails(
     misbehaving: MisbehavingServer,
 ) -> None:
