@@ -145,10 +145,11 @@ _INSERT_TURN = insert(cast(Table, Turn.__table__))
 _INSERT_EVENT = insert(cast(Table, InboundEvent.__table__))
 
 
-async def insert_queued_turn(
+async def insert_turn(
     session: AsyncSession, turn: dict[str, Any], *, channel: str, event_id: str
 ) -> None:
-    """A new turn's row (``turn``: its columns, ``id`` included) and its inbound event.
+    """A new turn's row (``turn``: its columns, ``id`` and status included) and its inbound
+    event.
 
     Plain INSERTs, not ORM objects: an accept needs nothing back, and the unit of work
     that would flush two objects cost the event loop more than both statements.

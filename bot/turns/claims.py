@@ -190,6 +190,10 @@ class TurnClaims(abc.ABC):
     @abc.abstractmethod
     async def _claim_head(self, conversation_id: str) -> tuple[ClaimOutcome, Turn | None]: ...
 
+    @abc.abstractmethod
+    def began_here(self, turn: Turn) -> None:
+        """``turn`` was stored running by this process's accept (``TurnService.accept``)."""
+
     def _mark_interrupted(self, turn: Turn, owner: str | None, why: str | None = None) -> None:
         who = f"worker {owner}" if owner else "the previous run"
         message = why or f"interrupted: {who} stopped while running it"
@@ -408,6 +412,9 @@ class LocalClaims(TurnClaims):
             self._mark_interrupted(row, row.lease_owner, why=NOT_LIVE if started_here else None)
         return ClaimOutcome.INTERRUPTED, row
 
+    def began_here(self, turn: Turn) -> None:
+        self._started_here[turn.conversation_id] = turn.id
+
     def _running_here(self) -> Any:
         return true()  # every turn is this process's
 
@@ -469,6 +476,9 @@ class LeasedClaims(TurnClaims):
             turn.lease_owner = self.worker_id
             turn.lease_expires_at = now + self.lease
             return ClaimOutcome.CLAIMED, turn
+
+    def began_here(self, turn: Turn) -> None:
+        """Never called: with several workers every turn is stored queued and claimed."""
 
     def _running_here(self) -> Any:
         return Turn.lease_owner == self.worker_id

@@ -107,40 +107,44 @@ class TurnRunner:
         self._known_paths = known_paths or KnownPaths()
         """Each active conversation's last history path: a turn reads only what was added."""
 
-    async def run(self, turn_id: str, *, persist_ms: float | None = None) -> None:
-        """Run a queued turn to its end (done or failed). Never raises for turn failures.
+    async def run(
+        self, turn_id: str, *, persist_ms: float | None = None, begun: Turn | None = None
+    ) -> None:
+        """Run a turn to its end (done or failed). Never raises for turn failures.
 
-        Only the start (queued -> running) may raise, a database error before the
-        turn began: it stays queued and its conversation's worker tries again.
+        A queued turn is started here; ``begun`` is the row of one its accept
+        stored running (``TurnService.accept``). Only the start (queued ->
+        running) may raise, a database error before the turn began: it stays
+        queued and its conversation's worker tries again.
         """
         start_began = time.perf_counter()
-        async with self._sessions() as session:
-            # One locking statement starts it: a cancel of the queued turn
-            # (``TurnService.cancel_turn``) either lands first, and nothing is updated,
-            # or finds it running. No read before it: that is one more round trip and,
-            # on SQLite, one more wait for the write lock on the way to the first token.
-            turn = (
-                await session.scalars(_START, {"turn_id": turn_id, "started_at": utcnow()})
-            ).one_or_none()
-            if turn is None:
-                return
-            # An edit or a regeneration answers one given message: it covers no other.
-            coalesces = self.policy.coalesce and turn.parent_seq is None
-            covered = await claim_pending(session, turn) if coalesces else []
-            await session.commit()
+        if begun is None:
+            started = await self._start(turn_id)
+            if started is None:
+                return  # no longer queued: cancelled, or coalesced into another turn
+            turn, covered = started
+        else:
+            turn, covered = begun, []
         for other in covered:
             await self._endings.announce(other, coalesced_end(other, turn.id))
 
         clock = LayerClock(turn.layer_ms)
         if persist_ms is not None:
             clock.layer_ms["persist"] = persist_ms
-        # The start's transaction, its wait for the write lock included (SQLite).
-        clock.layer_ms["start"] = (time.perf_counter() - start_began) * 1000
+        # The start's transaction, its wait for the write lock included (SQLite); none
+        # for a turn begun at its accept.
+        clock.layer_ms["start"] = (
+            (time.perf_counter() - start_began) * 1000 if begun is None else 0.0
+        )
         received_at = as_utc(turn.created_at).timestamp()
         ingress_side = (
             clock.layer_ms["ingress"] + clock.layer_ms["auth"] + clock.layer_ms["persist"]
         )
-        started_at = as_utc(turn.started_at or utcnow()).timestamp()
+        # From the accept's end to the start: a begun turn started in its accept, and
+        # waited only for its worker to take it up.
+        started_at = (
+            time.time() if begun is not None else as_utc(turn.started_at or utcnow()).timestamp()
+        )
         clock.layer_ms["wait"] = max(0.0, (started_at - received_at) * 1000 - ingress_side)
 
         structlog.contextvars.bind_contextvars(
@@ -209,6 +213,24 @@ class TurnRunner:
                 cache_salt=progress.cache_salt,
                 system_prompt=persona.chat_format.system_prompt,
             )
+
+    async def _start(self, turn_id: str) -> tuple[Turn, list[Turn]] | None:
+        """Queued -> running: the turn, and the queued turns it answers too (coalescing)."""
+        async with self._sessions() as session:
+            # One locking statement starts it: a cancel of the queued turn
+            # (``TurnService.cancel_turn``) either lands first, and nothing is updated,
+            # or finds it running. No read before it: that is one more round trip and,
+            # on SQLite, one more wait for the write lock on the way to the first token.
+            turn = (
+                await session.scalars(_START, {"turn_id": turn_id, "started_at": utcnow()})
+            ).one_or_none()
+            if turn is None:
+                return None
+            # An edit or a regeneration answers one given message: it covers no other.
+            coalesces = self.policy.coalesce and turn.parent_seq is None
+            covered = await claim_pending(session, turn) if coalesces else []
+            await session.commit()
+        return turn, covered
 
     async def _generate(
         self, turn: Turn, sink: ReplySink, clock: LayerClock, progress: _Progress

@@ -4,7 +4,8 @@
 returns at once; a per-conversation worker task then runs the conversation's
 queued turns one after another, so a message always waits for the reply to
 the one before it, while different conversations run side by side (and vLLM
-batches them).
+batches them). A message to a conversation with nothing open is stored
+running and begun at once.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from bot.errors import ErrorClass
 from bot.storage import queries
-from bot.storage.models import InboundEvent, Turn, TurnStatus, new_id
+from bot.storage.models import InboundEvent, Turn, TurnStatus, new_id, utcnow
 from bot.storage.text import storable, storable_or_none
 from bot.turns import wakeups
 from bot.turns.branching import Edit, ForkRefused, fork_turn, latest_turn
@@ -128,6 +129,9 @@ class TurnService:
         # would otherwise stay in it for ever.
         self._persist_ms: OrderedDict[str, float] = OrderedDict()
         self._accepting = True
+        self._recovered = False
+        """Set once ``recover`` has scheduled what an earlier run left: turns begin at
+        their accept only after that (``_begins_at_accept``)."""
         self.claims: TurnClaims = LocalClaims(sessions)
         """Turn leases; the app replaces it with one configured for several workers."""
         self.runs_turns = True
@@ -161,13 +165,20 @@ class TurnService:
     # -- inbound -----------------------------------------------------------------------
 
     async def accept(self, message: InboundMessage) -> Accepted:
-        """Store the message as a queued turn (deduplicated) and schedule it.
+        """Store the message as a turn (deduplicated) and schedule it.
 
         One transaction, and no read before it: a redelivery is rare, and the unique
         (channel, event_id) of its inbound event refuses it at commit, after which
         it is looked up. The ack waits for nothing else.
+
+        A turn this process can begin at once (``_begins_at_accept``) is stored
+        already running, and its conversation's worker runs it without a claim
+        or a start of its own: on SQLite that is one write-lock transaction and
+        one read fewer on the way to the first token.
         """
         started = time.perf_counter()
+        turn_id = new_id()
+        begun: asyncio.Future[Turn | None] | None = None
         try:
             async with self._sessions() as session, session.begin():
                 if self.fair_use is not None and not message.unlimited:
@@ -183,26 +194,27 @@ class TurnService:
                 if message.persona is not None and slot.persona != message.persona:
                     # Raised out of the transaction: the turn number taken is rolled back.
                     raise _PersonaConflictError(PersonaConflict(slot.persona, message.persona))
-                turn_id = new_id()
-                await queries.insert_queued_turn(
-                    session,
-                    {
-                        "id": turn_id,
-                        "conversation_id": slot.conversation_id,
-                        "seq": slot.seq,
-                        "channel": message.channel,
-                        "reply_to": dict(message.reply_to),
-                        "user_id": storable_or_none(message.user_id),
-                        "user_name": storable_or_none(message.user_name),
-                        # Storable before it is ever tokenized: the stored text and ids agree.
-                        "user_text": storable(message.text),
-                        "api_key_id": message.api_key_id,
-                        "status": TurnStatus.QUEUED,
-                        "layer_ms": dict(message.layer_ms),
-                        "created_at": dt.datetime.fromtimestamp(message.received_at, dt.UTC),
-                    },
-                    channel=message.channel,
-                    event_id=message.event_id,
+                row: dict[str, Any] = {
+                    "id": turn_id,
+                    "conversation_id": slot.conversation_id,
+                    "seq": slot.seq,
+                    "channel": message.channel,
+                    "reply_to": dict(message.reply_to),
+                    "user_id": storable_or_none(message.user_id),
+                    "user_name": storable_or_none(message.user_name),
+                    # Storable before it is ever tokenized: the stored text and ids agree.
+                    "user_text": storable(message.text),
+                    "api_key_id": message.api_key_id,
+                    "status": TurnStatus.QUEUED,
+                    "layer_ms": dict(message.layer_ms),
+                    "created_at": dt.datetime.fromtimestamp(message.received_at, dt.UTC),
+                }
+                if self._begins_at_accept(slot.conversation_id):
+                    row["status"] = TurnStatus.RUNNING
+                    row["started_at"] = utcnow()
+                    begun = self._start_worker(slot.conversation_id)
+                await queries.insert_turn(
+                    session, row, channel=message.channel, event_id=message.event_id
                 )
                 if not self.runs_turns:
                     await wakeups.announce(session, slot.conversation_id)
@@ -219,6 +231,14 @@ class TurnService:
             if existing is None:
                 raise
             return existing
+        else:
+            if begun is not None:
+                # Committed: the worker runs it from here, with the columns just written.
+                begun.set_result(Turn(**row))
+        finally:
+            if begun is not None and not begun.done():
+                # Rolled back: nothing to run; the worker only looks for queued work.
+                begun.set_result(None)
         self._persist_ms[turn_id] = (time.perf_counter() - started) * 1000
         while len(self._persist_ms) > PERSIST_TIMINGS_KEPT:
             self._persist_ms.popitem(last=False)
@@ -228,6 +248,36 @@ class TurnService:
             self.streams.open(turn_id, owner=message.owner)
         self.schedule(slot.conversation_id)
         return Accepted(turn_id, slot.conversation_id, duplicate=False)
+
+    def _begins_at_accept(self, conversation_id: str) -> bool:
+        """True when the turn being accepted can be stored running, begun by this process.
+
+        Only where one process owns the database (``claims.exclusive``, SQLite),
+        turns run here and no worker has this conversation: every turn of a
+        conversation is then run by its one worker, which leaves only when none
+        is open (``_work_once``), so this turn is its head. Not before ``recover``
+        has scheduled what an earlier run left queued, nor while draining.
+        """
+        return (
+            self.claims.exclusive
+            and self.runs_turns
+            and self._accepting
+            and self._recovered
+            and conversation_id not in self._workers
+        )
+
+    def _start_worker(self, conversation_id: str) -> asyncio.Future[Turn | None]:
+        """The conversation's worker, set up before the accept commits: it first runs the
+        turn the returned future gives (None: the accept rolled back).
+
+        Set up inside the accept's transaction, with no await in between, so that a
+        second accept for the conversation finds the worker and stores its turn queued.
+        """
+        begun: asyncio.Future[Turn | None] = asyncio.get_running_loop().create_future()
+        self._workers[conversation_id] = asyncio.create_task(
+            self._work(conversation_id, begun), name=f"conv-{conversation_id}"
+        )
+        return begun
 
     async def regenerate(self, turn_id: str, *, owner: str | None = None) -> Accepted:
         """Answer ``turn_id``'s message again, as a new attempt (``bot.turns.branching``).
@@ -520,9 +570,12 @@ class TurnService:
             task = asyncio.create_task(self._work(conversation_id), name=f"conv-{conversation_id}")
             self._workers[conversation_id] = task
 
-    async def _work(self, conversation_id: str) -> None:
+    async def _work(
+        self, conversation_id: str, begun: asyncio.Future[Turn | None] | None = None
+    ) -> None:
         """Run the conversation's queued turns in order until none is left.
 
+        ``begun``: a turn the accept stored running (``_start_worker``), run first.
         A failure here (the database refusing a claim or a turn's start) must
         not end the conversation: the worker logs it and starts again after a
         pause, so the conversation's next turn is still answered.
@@ -533,6 +586,11 @@ class TurnService:
         assert runner is not None, "set_runner() before accepting turns"
         crashes = 0
         try:
+            if begun is not None and (turn := await begun) is not None:
+                # Run even if draining began meanwhile: it is stored running, and a turn
+                # left running with no generation would end as interrupted, not answered.
+                self.claims.began_here(turn)
+                await self._run(conversation_id, runner, turn, begun=True)
             while True:
                 try:
                     if not await self._work_once(conversation_id, runner):
@@ -561,19 +619,29 @@ class TurnService:
             turn = await self.claims.claim_next(conversation_id)
             if turn is None:
                 break
-            task = asyncio.create_task(
-                runner.run(turn.id, persist_ms=self._persist_ms.pop(turn.id, None))
-            )
-            self._active[conversation_id] = (turn.id, task)
-            try:
-                # A cancelled turn ends its own task; the worker goes on.
-                await asyncio.shield(task)
-            finally:
-                self._active.pop(conversation_id, None)
-                self.cancellations.forget(turn.id)
+            await self._run(conversation_id, runner, turn, begun=False)
         # No await between this check and the removal (in ``_work``): a concurrent
         # schedule() either saw this worker or will start a new one.
         return conversation_id in self._dirty and self._accepting
+
+    async def _run(
+        self, conversation_id: str, runner: TurnRunnerLike, turn: Turn, *, begun: bool
+    ) -> None:
+        """Run one turn of the conversation to its end (``begun``: stored running already)."""
+        task = asyncio.create_task(
+            runner.run(
+                turn.id,
+                persist_ms=self._persist_ms.pop(turn.id, None),
+                begun=turn if begun else None,
+            )
+        )
+        self._active[conversation_id] = (turn.id, task)
+        try:
+            # A cancelled turn ends its own task; the worker goes on.
+            await asyncio.shield(task)
+        finally:
+            self._active.pop(conversation_id, None)
+            self.cancellations.forget(turn.id)
 
     def live_turn_ids(self) -> set[str]:
         """Turns with a live generation (or final write) in this process."""
@@ -592,6 +660,7 @@ class TurnService:
         for conversation_id in await self.claims.claimable_conversations():
             self.schedule(conversation_id)
         self.claims.start(self.schedule, self._on_cancel_request)
+        self._recovered = True
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -647,4 +716,6 @@ def _limit_subjects(message: InboundMessage) -> list[str]:
 class TurnRunnerLike(Protocol):
     """The runner as the service uses it (``bot.turns.runner.TurnRunner``)."""
 
-    async def run(self, turn_id: str, *, persist_ms: float | None = None) -> None: ...
+    async def run(
+        self, turn_id: str, *, persist_ms: float | None = None, begun: Turn | None = None
+    ) -> None: ...

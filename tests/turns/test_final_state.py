@@ -91,17 +91,24 @@ async def test_nul_in_a_message_and_in_its_reply_is_stored_and_the_chat_goes_on(
 
 @pytest.mark.parametrize("write", [START, FINAL, HISTORY], ids=["start", "final", "history"])
 async def test_a_write_that_fails_twice_is_retried_and_the_turn_answered(
-    db_url: str, make_client: MakeClient, faults: list[WriteFaults], write: str
+    db_url: str,
+    make_client: MakeClient,
+    faults: list[WriteFaults],
+    engine: LocalVLLMEngine,
+    write: str,
 ) -> None:
-    client = await make_client(db_url)
+    # The second message arrives while the first is generating, so it waits queued and
+    # has a start of its own (on SQLite the first, to an idle conversation, began in its
+    # accept).
+    client = await make_client(db_url, engine_override=SlowEngine(engine, 0.05))
     key = await issue_key(db_url)
     fault = WriteFaults(client)
     faults.append(fault)
     with structlog.testing.capture_logs() as logs:
         fault.fail(write, times=2)
         first = await send(client, key, "m1", "Hello")
-        assert (await final_event(client, key, first["turn_id"])).kind == "done"
         second = await send(client, key, "m2", "Again")
+        assert (await final_event(client, key, first["turn_id"])).kind == "done"
         assert (await final_event(client, key, second["turn_id"])).kind == "done"
     assert fault.raised == 2
     assert [t.status for t in await load_turns(db_url)] == [TurnStatus.DONE] * 2

@@ -1,7 +1,8 @@
 """The writes on a turn's way, kept few: each one on SQLite queues for the one write lock.
 
 An accept takes its conversation's turn number in the statement that finds the
-conversation; a turn starts with one locked update and ends with another; the
+conversation; a turn to an idle conversation is stored running by its accept, one
+queued behind another starts with one locked update; each ends with another; the
 claims only read. These tests hold the promises those merged writes carry (a
 refused accept stores nothing, numbers stay gapless) and count the write
 transactions, which a new read in a write session would add to.
@@ -10,19 +11,25 @@ transactions, which a new read in a write session would add to.
 from __future__ import annotations
 
 import asyncio
+import itertools
+import re
 from typing import Any
 
+import structlog
 from aiohttp.test_utils import TestClient
 from sqlalchemy import event
 
+from bot.engine.vllm_local import LocalVLLMEngine
 from bot.http.keys import SESSIONS, TURNS
 from bot.storage.db import READ_ONLY, is_sqlite
 from bot.storage.models import TurnStatus
 from tests.conftest import MakeClient, issue_key
+from tests.engines import SlowEngine
 from tests.helpers import auth, count_rows, load_turns, read_sse
 from tests.turns.conftest import WriteFaults
 
 TURN_SLOT = r"^UPDATE conversations SET .*next_turn_seq"
+START = r"^UPDATE turns SET (?:(?! WHERE ).)*\bstarted_at="
 
 
 async def send(client: TestClient[Any, Any], key: str, message_id: str) -> Any:
@@ -67,7 +74,7 @@ async def test_an_accept_refused_at_its_turn_number_stores_nothing_and_numbers_s
     assert (await count_rows(db_url))["turns"] == 2
 
 
-async def test_on_sqlite_a_turn_takes_the_write_lock_to_be_accepted_started_and_ended_only(
+async def test_on_sqlite_a_turn_takes_the_write_lock_to_be_accepted_and_ended_only(
     db_url: str, make_client: MakeClient
 ) -> None:
     if not is_sqlite(db_url):
@@ -99,5 +106,52 @@ async def test_on_sqlite_a_turn_takes_the_write_lock_to_be_accepted_started_and_
         event.remove(sync_engine, "before_cursor_execute", record)
         event.remove(sync_engine, "begin", begin)
 
-    # Accept, start, final write: the claims' and the history's reads begin deferred.
-    assert log.count("BEGIN") == 3, log
+    # Accept (which began the turn: the conversation was idle) and final write; the
+    # claims' and the history's reads begin deferred.
+    assert log.count("BEGIN") == 2, log
+    assert not [statement for statement in log if re.match(START, statement)], log
+
+
+async def test_a_stop_sent_as_the_ack_arrives_stops_a_turn_its_accept_began_once(
+    db_url: str, make_client: MakeClient, engine: LocalVLLMEngine
+) -> None:
+    client = await make_client(db_url, engine_override=SlowEngine(engine, 0.05))
+    key = await issue_key(db_url)
+    with structlog.testing.capture_logs() as logs:
+        accepted = await (await send(client, key, "m1")).json()
+        cancel = await client.post(f"/v1/turns/{accepted['turn_id']}/cancel", headers=auth(key))
+        assert (await cancel.json())["cancelled"] is True
+        async with asyncio.timeout(60):
+            events = await read_sse(
+                await client.get(f"/v1/turns/{accepted['turn_id']}/events", headers=auth(key))
+            )
+        assert events[-1].kind == "error" and events[-1].data["error_class"] == "cancelled"
+        after = await (await send(client, key, "m2")).json()
+        assert await final_kind(client, key, after["turn_id"]) == "done"
+    turns = await load_turns(db_url)
+    assert [(t.status, t.error_class) for t in turns] == [
+        (TurnStatus.FAILED, "cancelled"),
+        (TurnStatus.DONE, None),
+    ]
+    lines = [e for e in logs if e.get("event") == "turn"]
+    assert [line["turn_id"] for line in lines] == [accepted["turn_id"], after["turn_id"]]
+
+
+async def test_a_message_sent_while_its_conversation_generates_waits_and_is_answered_next(
+    db_url: str, make_client: MakeClient, engine: LocalVLLMEngine
+) -> None:
+    slow = SlowEngine(engine, 0.05)
+    client = await make_client(db_url, engine_override=slow)
+    key = await issue_key(db_url)
+    first = await (await send(client, key, "m1")).json()
+    second = await (await send(client, key, "m2")).json()
+    third = await (await send(client, key, "m3")).json()
+    slow.pause_s = 0.0
+    for accepted in (first, second, third):
+        assert await final_kind(client, key, accepted["turn_id"]) == "done"
+    turns = await load_turns(db_url)
+    assert [t.status for t in turns] == [TurnStatus.DONE] * 3
+    # One after another, in order: each started once the one before had ended.
+    for before, after in itertools.pairwise(turns):
+        assert before.finished_at is not None and after.started_at is not None
+        assert after.started_at >= before.finished_at
