@@ -8,6 +8,7 @@ bits cannot be brute-forced.
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import hashlib
 import hmac
@@ -15,7 +16,7 @@ import secrets
 import time
 import weakref
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -59,10 +60,28 @@ class _Checked:
     """``time.monotonic()`` of the database lookup."""
 
 
-# Keys found valid, per database (its read sessionmaker), by the SHA-256 of the key.
-_checked: weakref.WeakKeyDictionary[
-    async_sessionmaker[AsyncSession], OrderedDict[str, _Checked]
-] = weakref.WeakKeyDictionary()
+class _Retry:
+    """A lookup's answer when it was cancelled: whoever waited for it looks up itself."""
+
+
+_RETRY = _Retry()
+
+
+@dataclass
+class _KnownKeys:
+    """What one database's key checks share in this process."""
+
+    checked: OrderedDict[str, _Checked] = field(default_factory=OrderedDict)
+    """Keys found valid, by the SHA-256 of the key."""
+    lookups: dict[str, asyncio.Future[Principal | _Retry | None]] = field(default_factory=dict)
+    """Lookups under way, by the SHA-256 of the key: a request that presents the same
+    key meanwhile waits for that answer instead of asking the database again."""
+
+
+# Per database (its read sessionmaker).
+_known: weakref.WeakKeyDictionary[async_sessionmaker[AsyncSession], _KnownKeys] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def hash_key(key: str) -> str:
@@ -122,15 +141,60 @@ async def authenticate(
     # A key checked in the last second is not looked up again: under a burst of messages
     # the lookup would be one more trip to the database for every acknowledgement.
     digest = hash_key(presented)
-    checked = _checked.setdefault(read_sessions, OrderedDict())
-    hit = checked.get(digest)
-    if (
-        hit is not None
-        and time.monotonic() - hit.checked_at < KEY_CHECK_TTL_S
-        and (hit.expires_at is None or as_utc(hit.expires_at) > utcnow())
-    ):
-        return hit.principal
-    checked.pop(digest, None)
+    known = _known.setdefault(read_sessions, _KnownKeys())
+    while True:
+        hit = known.checked.get(digest)
+        if (
+            hit is not None
+            and time.monotonic() - hit.checked_at < KEY_CHECK_TTL_S
+            and (hit.expires_at is None or as_utc(hit.expires_at) > utcnow())
+        ):
+            return hit.principal
+        # Once the second is up, every request of a burst with that key would look it
+        # up at once, each holding a pooled connection meanwhile (on a busy SQLite
+        # service that emptied the pool and stalled every ack): one asks, the rest wait.
+        pending = known.lookups.get(digest)
+        if pending is None:
+            return await _look_up(read_sessions, sessions, known, prefix, digest)
+        # Shielded: a waiter whose client leaves must not cancel the lookup for the others.
+        answer = await asyncio.shield(pending)
+        if not isinstance(answer, _Retry):
+            return answer
+
+
+async def _look_up(
+    read_sessions: async_sessionmaker[AsyncSession],
+    sessions: async_sessionmaker[AsyncSession],
+    known: _KnownKeys,
+    prefix: str,
+    digest: str,
+) -> Principal | None:
+    """Look the key up, with its answer shared with the requests that wait for it."""
+    answer: asyncio.Future[Principal | _Retry | None] = asyncio.get_running_loop().create_future()
+    known.lookups[digest] = answer
+    try:
+        principal = await _check_stored(read_sessions, sessions, known, prefix, digest)
+    except Exception as exc:
+        answer.set_exception(exc)
+        answer.exception()  # seen: nobody may be waiting to retrieve it
+        raise
+    except BaseException:
+        answer.set_result(_RETRY)  # cancelled: the waiters are not, and look it up themselves
+        raise
+    else:
+        answer.set_result(principal)
+        return principal
+    finally:
+        del known.lookups[digest]
+
+
+async def _check_stored(
+    read_sessions: async_sessionmaker[AsyncSession],
+    sessions: async_sessionmaker[AsyncSession],
+    known: _KnownKeys,
+    prefix: str,
+    digest: str,
+) -> Principal | None:
     looked_up_at = time.monotonic()
     async with read_sessions() as session:
         query = select(ApiKey).where(ApiKey.prefix == prefix)
@@ -150,7 +214,7 @@ async def authenticate(
                 update(ApiKey).where(ApiKey.id == record.id).values(last_used_at=now)
             )
     principal = Principal(record.id, record.owner, frozenset(record.scopes.split(",")))
-    checked[digest] = _Checked(principal, record.expires_at, looked_up_at)
-    while len(checked) > KEYS_REMEMBERED:
-        checked.popitem(last=False)
+    known.checked[digest] = _Checked(principal, record.expires_at, looked_up_at)
+    while len(known.checked) > KEYS_REMEMBERED:
+        known.checked.popitem(last=False)
     return principal

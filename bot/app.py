@@ -29,6 +29,7 @@ from bot.http.keys import (
     READ_SESSIONS,
     SERVER,
     SESSIONS,
+    SHORT_READS,
     TURNS,
     USAGE,
 )
@@ -83,9 +84,11 @@ async def create_app(
     app[SESSIONS] = sessions
     read_sessions = create_read_sessionmaker(db_engine)
     app[READ_SESSIONS] = read_sessions
-    # A turn's own reads (its history, a prepared base) are short and on its critical
-    # path: on SQLite they run on the loop's thread, without a trip to aiosqlite's.
+    # A turn's own reads (its history, a prepared base) and a request's key check are
+    # short and on the critical path: on SQLite they run on the loop's thread, without a
+    # trip to aiosqlite's (each trip waits for that thread and then for a loop iteration).
     turn_reads = create_read_sessionmaker(db_engine, in_place=True)
+    app[SHORT_READS] = turn_reads
     db_probe = create_probe_engine(settings.database.url, one_round_trip=True)
     app[DB_PROBE] = db_probe
     app[DB_ANSWERS] = watch_answers(db_engine)

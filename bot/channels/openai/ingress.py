@@ -28,7 +28,14 @@ from bot.channels.registry import OPENAI
 from bot.engine.settings import EngineSettings
 from bot.errors import ErrorClass
 from bot.http.body import BodyError, parse_json_object, read_body
-from bot.http.keys import CHAT_FORMAT, ENGINE_SETTINGS, READ_SESSIONS, SERVER, SESSIONS, TURNS
+from bot.http.keys import (
+    CHAT_FORMAT,
+    ENGINE_SETTINGS,
+    SERVER,
+    SESSIONS,
+    SHORT_READS,
+    TURNS,
+)
 from bot.storage.models import OpenAIExchange
 
 log = structlog.get_logger(__name__)
@@ -68,7 +75,7 @@ async def authenticate_request(request: web.Request) -> Principal:
         raise RequestRefused(
             openai_error(401, "Missing 'Authorization: Bearer <api key>' header.", "auth")
         )
-    principal = await authenticate(request.app[READ_SESSIONS], request.app[SESSIONS], key)
+    principal = await authenticate(request.app[SHORT_READS], request.app[SESSIONS], key)
     if principal is None:
         raise RequestRefused(openai_error(401, "Unknown, revoked or expired API key.", "auth"))
     return principal

@@ -1,0 +1,91 @@
+"""API key checks under a burst: one lookup per key, whoever waits for it.
+
+A checked key is trusted for a second; when that second is up, every request of a burst
+that presents the key used to look it up at once, each holding a pooled connection while
+its lookup waited for the database. On a loaded SQLite service that emptied the pool and
+every ack waited seconds for a connection. These tests call ``authenticate`` with
+read sessions that wait for the database (a trip to aiosqlite's thread on SQLite, a round
+trip on PostgreSQL), the case where requests overlap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from sqlalchemy import event
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+
+from bot.apikeys import Principal, authenticate
+from bot.storage.db import create_engine, create_read_sessionmaker, create_sessionmaker
+from tests.conftest import issue_key
+
+BURST = 20
+
+
+@dataclass
+class KeyStore:
+    engine: AsyncEngine
+    sessions: async_sessionmaker[AsyncSession]
+    reads: async_sessionmaker[AsyncSession]
+    lookups: list[str]
+    """Every statement that read the api_keys table."""
+
+
+@pytest.fixture
+async def store(db_url: str) -> AsyncIterator[KeyStore]:
+    engine = create_engine(db_url)
+    lookups: list[str] = []
+
+    def count(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        if statement.lstrip().upper().startswith("SELECT") and "api_keys" in statement:
+            lookups.append(statement)
+
+    event.listen(engine.sync_engine, "before_cursor_execute", count)
+    yield KeyStore(engine, create_sessionmaker(engine), create_read_sessionmaker(engine), lookups)
+    await engine.dispose()
+
+
+async def test_a_burst_with_one_key_looks_it_up_once(db_url: str, store: KeyStore) -> None:
+    key = await issue_key(db_url, "burst")
+    principals = await asyncio.gather(
+        *(authenticate(store.reads, store.sessions, key) for _ in range(BURST))
+    )
+    assert all(isinstance(p, Principal) and p.owner == "burst" for p in principals)
+    assert len(store.lookups) == 1, f"{len(store.lookups)} lookups for one key"
+
+
+async def test_a_burst_of_a_wrong_key_is_refused_with_one_lookup(
+    db_url: str, store: KeyStore
+) -> None:
+    key = await issue_key(db_url, "real")
+    wrong = key[:-4] + ("AAAA" if not key.endswith("AAAA") else "BBBB")
+    answers = await asyncio.gather(
+        *(authenticate(store.reads, store.sessions, wrong) for _ in range(BURST))
+    )
+    assert answers == [None] * BURST
+    assert len(store.lookups) == 1
+    assert await authenticate(store.reads, store.sessions, key) is not None
+
+
+async def test_requests_waiting_for_a_cancelled_lookup_still_get_their_answer(
+    db_url: str, store: KeyStore
+) -> None:
+    """The request that asked first leaves (its client hung up) while the others wait."""
+    key = await issue_key(db_url, "left")
+    first = asyncio.create_task(authenticate(store.reads, store.sessions, key))
+    while not store.lookups:  # the first request's lookup is on its way to the database
+        await asyncio.sleep(0)
+    waiting = [
+        asyncio.create_task(authenticate(store.reads, store.sessions, key)) for _ in range(5)
+    ]
+    await asyncio.sleep(0)  # they find the lookup under way and wait for it
+    first.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    principals = await asyncio.gather(*waiting)
+    assert all(isinstance(p, Principal) and p.owner == "left" for p in principals)
+    assert len(store.lookups) == 2, "the waiters should share one lookup of their own"
