@@ -33,19 +33,24 @@ class KeyStore:
     reads: async_sessionmaker[AsyncSession]
     lookups: list[str]
     """Every statement that read the api_keys table."""
+    looking_up: asyncio.Event
+    """Set when the first of them goes to the database."""
 
 
 @pytest.fixture
 async def store(db_url: str) -> AsyncIterator[KeyStore]:
     engine = create_engine(db_url)
     lookups: list[str] = []
+    looking_up = asyncio.Event()
 
     def count(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
         if statement.lstrip().upper().startswith("SELECT") and "api_keys" in statement:
             lookups.append(statement)
+            looking_up.set()
 
     event.listen(engine.sync_engine, "before_cursor_execute", count)
-    yield KeyStore(engine, create_sessionmaker(engine), create_read_sessionmaker(engine), lookups)
+    reads = create_read_sessionmaker(engine)
+    yield KeyStore(engine, create_sessionmaker(engine), reads, lookups, looking_up)
     await engine.dispose()
 
 
@@ -77,8 +82,7 @@ async def test_requests_waiting_for_a_cancelled_lookup_still_get_their_answer(
     """The request that asked first leaves (its client hung up) while the others wait."""
     key = await issue_key(db_url, "left")
     first = asyncio.create_task(authenticate(store.reads, store.sessions, key))
-    while not store.lookups:  # the first request's lookup is on its way to the database
-        await asyncio.sleep(0)
+    await store.looking_up.wait()  # the first request's lookup is on its way to the database
     waiting = [
         asyncio.create_task(authenticate(store.reads, store.sessions, key)) for _ in range(5)
     ]
