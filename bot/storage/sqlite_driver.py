@@ -225,6 +225,11 @@ class OneTripConnection(AsyncAdapt_aiosqlite_connection):
         self._in_place = True
         return True
 
+    def ends_in_place(self) -> bool:
+        """True when ending what is open (commit, rollback: the pool's reset included)
+        runs on the calling thread: no transaction, or one begun in place."""
+        return not self._in_transaction() or self.in_place_connection() is not None
+
     def in_place_connection(self) -> sqlite3.Connection | None:
         """sqlite3's connection inside a transaction begun in place, else None."""
         if not self._in_place:
