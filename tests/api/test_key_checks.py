@@ -17,10 +17,16 @@ from typing import Any
 
 import pytest
 from sqlalchemy import event
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from bot.apikeys import Principal, authenticate
-from bot.storage.db import create_engine, create_read_sessionmaker, create_sessionmaker
+from bot.storage.db import (
+    create_engine,
+    create_read_sessionmaker,
+    create_sessionmaker,
+    storage_unavailable,
+)
 from tests.conftest import issue_key
 
 BURST = 20
@@ -35,6 +41,8 @@ class KeyStore:
     """Every statement that read the api_keys table."""
     looking_up: asyncio.Event
     """Set when the first of them goes to the database."""
+    failures: list[Exception]
+    """Raised, in order, by the next lookups that reach the database (an injected fault)."""
 
 
 @pytest.fixture
@@ -42,15 +50,18 @@ async def store(db_url: str) -> AsyncIterator[KeyStore]:
     engine = create_engine(db_url)
     lookups: list[str] = []
     looking_up = asyncio.Event()
+    failures: list[Exception] = []
 
     def count(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
         if statement.lstrip().upper().startswith("SELECT") and "api_keys" in statement:
             lookups.append(statement)
             looking_up.set()
+            if failures:
+                raise failures.pop(0)
 
     event.listen(engine.sync_engine, "before_cursor_execute", count)
     reads = create_read_sessionmaker(engine)
-    yield KeyStore(engine, create_sessionmaker(engine), reads, lookups, looking_up)
+    yield KeyStore(engine, create_sessionmaker(engine), reads, lookups, looking_up, failures)
     await engine.dispose()
 
 
@@ -93,3 +104,25 @@ async def test_requests_waiting_for_a_cancelled_lookup_still_get_their_answer(
     principals = await asyncio.gather(*waiting)
     assert all(isinstance(p, Principal) and p.owner == "left" for p in principals)
     assert len(store.lookups) == 2, "the waiters should share one lookup of their own"
+
+
+async def test_a_lookup_the_database_fails_fails_for_its_waiters_and_is_not_remembered(
+    db_url: str, store: KeyStore
+) -> None:
+    """The database fails the one lookup a burst shares: every request of the burst gets
+    the error, as a lone lookup would (the request answers 503: the database did not
+    answer, the key is not wrong), and the next request asks the database again instead
+    of reusing the failure."""
+    key = await issue_key(db_url, "fault")
+    lost = OperationalError("SELECT api_keys", {}, Exception("server closed the connection"))
+    assert storage_unavailable(lost)
+    store.failures.append(lost)
+    answers = await asyncio.gather(
+        *(authenticate(store.reads, store.sessions, key) for _ in range(BURST)),
+        return_exceptions=True,
+    )
+    assert len(store.lookups) == 1, "the burst should have shared the failing lookup"
+    assert all(isinstance(a, OperationalError) for a in answers), answers
+    principal = await authenticate(store.reads, store.sessions, key)
+    assert isinstance(principal, Principal) and principal.owner == "fault"
+    assert len(store.lookups) == 2
