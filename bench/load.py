@@ -295,7 +295,8 @@ async def run(args: argparse.Namespace, workdir: Path, db_url: str) -> None:
     print(f"# {'SQLite' if db_url.startswith('sqlite') else 'PostgreSQL'}; load average", end="")
     print(f" {' '.join(f'{x:.2f}' for x in os.getloadavg())} at the start")
     where = "the service's own event loop" if args.client_in_process else "a separate process"
-    print(f"# arrivals sent from {where}")
+    print(f"# arrivals sent from {where}; loop: service {args.loop}", end="")
+    print("" if args.client_in_process else f", client {args.client_loop or args.loop}")
     print(f"# engine: {'a vLLM server in its own process' if server else 'in the service process'}")
     if ingress is not None:
         print(
@@ -310,7 +311,7 @@ async def run(args: argparse.Namespace, workdir: Path, db_url: str) -> None:
     if args.client_in_process:
         client = InProcessClient(base, key, channels)
     else:
-        client = SubprocessClient(base, key, channels, args.loop)
+        client = SubprocessClient(base, key, channels, args.client_loop or args.loop)
     try:
         async with client:
             # Not measured: the engine's first requests, each channel's first message.
@@ -379,6 +380,12 @@ if __name__ == "__main__":
     parser.add_argument("--model-dir", default="data/demo-model")
     parser.add_argument(
         "--loop", choices=LOOPS, default="asyncio", help="the service's and the client's loop"
+    )
+    parser.add_argument(
+        "--client-loop",
+        choices=LOOPS,
+        default=None,
+        help="the client's loop if not --loop's (to compare the service's loops alone)",
     )
     parser.add_argument(
         "--client-in-process",
