@@ -296,7 +296,7 @@ async def run(args: argparse.Namespace, workdir: Path, db_url: str) -> None:
     print(f" {' '.join(f'{x:.2f}' for x in os.getloadavg())} at the start")
     where = "the service's own event loop" if args.client_in_process else "a separate process"
     print(f"# arrivals sent from {where}; loop: service {args.loop}", end="")
-    print("" if args.client_in_process else f", client {args.client_loop or args.loop}")
+    print("" if args.client_in_process else f", client {args.client_loop}")
     print(f"# engine: {'a vLLM server in its own process' if server else 'in the service process'}")
     if ingress is not None:
         print(
@@ -311,7 +311,7 @@ async def run(args: argparse.Namespace, workdir: Path, db_url: str) -> None:
     if args.client_in_process:
         client = InProcessClient(base, key, channels)
     else:
-        client = SubprocessClient(base, key, channels, args.client_loop or args.loop)
+        client = SubprocessClient(base, key, channels, args.client_loop)
     try:
         async with client:
             # Not measured: the engine's first requests, each channel's first message.
@@ -409,4 +409,5 @@ if __name__ == "__main__":
         help="the ingress process's nice value (e.g. -5: ahead of the turns when CPU is short)",
     )
     arguments = parser.parse_args()
+    arguments.client_loop = arguments.client_loop or arguments.loop
     run_on(arguments.loop, main(arguments))
