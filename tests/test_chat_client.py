@@ -17,8 +17,8 @@ from typing import Any
 from bot.engine.vllm_local import LocalVLLMEngine
 from bot.http.keys import TURNS
 from tests.conftest import MakeClient, issue_key
-from tests.engines import SlowEngine
 from tests.helpers import auth
+from tests.ops.slow_engine import SlowEngine
 
 STATS = re.compile(
     r"\[ttft \d+ ms \| .*prompt (\d+) tok: (\d+) cached, (\d+) new \| (\d+) generated"
@@ -135,7 +135,7 @@ class Terminal:
 async def test_interactive_mode_streams_and_ctrl_c_cancels_the_turn(
     sqlite_url: str, make_client: MakeClient, engine: LocalVLLMEngine
 ) -> None:
-    slow = SlowEngine(engine, 0.0)
+    slow = SlowEngine(engine, delay_s=0.0)
     client = await make_client(sqlite_url, engine_override=slow, generation={"max_tokens": 200})
     key = await issue_key(sqlite_url)
     master, slave = pty.openpty()
@@ -162,8 +162,10 @@ async def test_interactive_mode_streams_and_ctrl_c_cancels_the_turn(
         first = await terminal.expect(r"\[ttft \d+ ms[^\]]*\]")
         await terminal.expect("you> ", first.end())
 
-        # A reply that would take seconds: stop it once it has started to stream.
-        slow.pause_s = 0.05
+        # A reply that takes seconds: stop it once it has started to stream. The delay is
+        # per token: vLLM merges the steps a slow reader has not taken, so a pause per step
+        # let the 200 tokens arrive in about a second on a loaded machine, before the Ctrl-C.
+        slow.delay_s = 0.05
         terminal.type("Tell me a long story\n")
         echoed = await terminal.expect(r"Tell me a long story\r?\n", first.end())
         await terminal.expect(r"\S", echoed.end())
