@@ -26,18 +26,24 @@ from bot.storage.known_paths import KnownPath, KnownPaths
 from bot.storage.models import Conversation, InboundEvent, Message, Turn, utcnow
 from bot.storage.tokens import unpack_token_ids
 
+_CONVERSATIONS = cast(Table, Conversation.__table__)
+
 
 def _open_for_key(
     owner: str | ColumnElement[str],
     channel: str | ColumnElement[str],
     external_key: str | ColumnElement[str],
 ) -> tuple[ColumnElement[bool], ...]:
-    """The conditions of a key's open conversation (at most one: a partial unique index)."""
+    """The conditions of a key's open conversation (at most one: a partial unique index).
+
+    On the table's columns, which the ORM's statements take as well: with the mapped
+    class's, a Core statement (``_TAKE_SLOT``) would become an ORM-enabled one.
+    """
     return (
-        Conversation.owner == owner,
-        Conversation.channel == channel,
-        Conversation.external_key == external_key,
-        Conversation.closed_at.is_(None),
+        _CONVERSATIONS.c.owner == owner,
+        _CONVERSATIONS.c.channel == channel,
+        _CONVERSATIONS.c.external_key == external_key,
+        _CONVERSATIONS.c.closed_at.is_(None),
     )
 
 
@@ -82,7 +88,10 @@ class TurnSlot:
 
 
 _TAKE_SLOT = (
-    update(Conversation)
+    # The table, not the mapped class: an ORM-enabled UPDATE ... RETURNING goes through
+    # the ORM's bulk machinery (and its result through the ORM's loading), which cost the
+    # accept more than the statement itself; nothing here is loaded as an object.
+    update(_CONVERSATIONS)
     .where(
         *_open_for_key(
             # Not the columns' own names: those are reserved for an UPDATE's SET.
@@ -91,11 +100,8 @@ _TAKE_SLOT = (
             bindparam("key_external", type_=String),
         )
     )
-    .values(next_turn_seq=Conversation.next_turn_seq + 1, updated_at=bindparam("touched_at"))
-    .returning(Conversation.id, Conversation.persona, Conversation.next_turn_seq)
-    # Nothing of the session's to bring up to date: the ORM's check of every loaded
-    # object against the WHERE cost more than the statement itself.
-    .execution_options(synchronize_session=False)
+    .values(next_turn_seq=_CONVERSATIONS.c.next_turn_seq + 1, updated_at=bindparam("touched_at"))
+    .returning(_CONVERSATIONS.c.id, _CONVERSATIONS.c.persona, _CONVERSATIONS.c.next_turn_seq)
 )
 """The next turn number of a key's open conversation; built once (every accept runs it)."""
 
@@ -123,7 +129,8 @@ async def take_turn_slot(
         "key_external": external_key,
         "touched_at": utcnow(),
     }
-    row = (await session.execute(_TAKE_SLOT, take)).one_or_none()
+    connection = await session.connection()
+    row = (await connection.execute(_TAKE_SLOT, take)).one_or_none()
     if row is not None:
         return TurnSlot(row[0], row[1], int(row[2]) - 1)
     # The first turn takes seq 0 as the conversation is created.
@@ -134,7 +141,7 @@ async def take_turn_slot(
         async with session.begin_nested():
             session.add(conversation)
     except IntegrityError:
-        row = (await session.execute(_TAKE_SLOT, take)).one()
+        row = (await connection.execute(_TAKE_SLOT, take)).one()
         return TurnSlot(row[0], row[1], int(row[2]) - 1)
     return TurnSlot(conversation.id, conversation.persona, 0)
 
@@ -155,8 +162,9 @@ async def insert_turn(
     that would flush two objects cost the event loop more than both statements.
     A redelivery fails here or at commit with ``IntegrityError`` (channel, event_id).
     """
-    await session.execute(_INSERT_TURN, turn)
-    await session.execute(
+    connection = await session.connection()
+    await connection.execute(_INSERT_TURN, turn)
+    await connection.execute(
         _INSERT_EVENT,
         {
             "channel": channel,
