@@ -199,12 +199,14 @@ _FINISH = (
 """The one final status, only if the turn has none yet (another worker may have failed it)."""
 _INSERT_ENTRIES = insert(cast(Table, Message.__table__))
 """The table's INSERT, not the ORM's: one executemany, no bulk machinery in between."""
+_CONVERSATIONS = cast(Table, Conversation.__table__)
 _MOVE_HEAD = (
-    update(Conversation)
-    .where(Conversation.id == bindparam("conversation_id"))
+    update(_CONVERSATIONS)
+    .where(_CONVERSATIONS.c.id == bindparam("conversation_id"))
     .values(head_seq=bindparam("new_head_seq"))
-    .execution_options(synchronize_session=False)
 )
+"""The table's UPDATE, not the ORM's: it loads nothing, and the ORM's bulk-update path
+cost more than the statement."""
 
 
 def apply_to_row(row: Turn, end: TurnEnd, *, now: dt.datetime | None = None) -> None:
@@ -320,10 +322,12 @@ class TurnEndings:
                     return TurnEnd.failed(ErrorClass.CANCELLED, "deleted while running")
                 return end_of_row(ended)
             if end.status == TurnStatus.DONE and history:
-                # One statement for every entry (the ORM would send one per row).
-                await session.execute(_INSERT_ENTRIES, _entry_rows(history))
+                # Core statements on the session's connection: one executemany for every
+                # entry (the ORM would send one per row), and no ORM execution around them.
+                connection = await session.connection()
+                await connection.execute(_INSERT_ENTRIES, _entry_rows(history))
                 # The turn's reply becomes the active branch's end (``Message``).
-                await session.execute(
+                await connection.execute(
                     _MOVE_HEAD,
                     {"conversation_id": row.conversation_id, "new_head_seq": history[-1].seq},
                 )
