@@ -12,7 +12,10 @@ a turn's history costs the same at the 400th turn as at the 4th.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
+
+from bot.storage.models import BASE_ROLE, Message
 
 DEFAULT_CONVERSATIONS = 1024
 """Conversations whose last path is kept: at 4 bytes a token, a full 8k-token prompt is 32 KB."""
@@ -27,6 +30,10 @@ class KnownPath:
     """Every entry's packed token ids, in order (``bot.storage.tokens``)."""
     last_assistant: bytes
     last_role: str
+
+
+_EMPTY = KnownPath(-1, b"", b"", "")
+"""The path before a conversation's first entry."""
 
 
 class KnownPaths:
@@ -47,6 +54,41 @@ class KnownPaths:
         self._paths.move_to_end(conversation_id)
         while len(self._paths) > self._capacity:
             self._paths.popitem(last=False)
+
+    def extend(self, conversation_id: str, stored: Sequence[Message]) -> None:
+        """``stored``: entries just committed, each the next one's parent, the first the
+        child of the known path's head (or the conversation's root): the path now ends
+        with them.
+
+        Called once their transaction has committed (``TurnEndings``), so that the
+        conversation's next turn finds its whole path here and reads only its head.
+        Entries that do not continue the known path (a new base restarts the prompt;
+        a fork; no path known) leave nothing known: the next read walks the database.
+        """
+        if not stored:
+            return
+        path = self._paths.get(conversation_id)
+        if path is None and stored[0].parent_seq is None:
+            path = _EMPTY  # a conversation's first entries: its path starts with them
+        if path is None:
+            return
+        parents = [path.head_seq if path is not _EMPTY else None]
+        parents += [entry.seq for entry in stored[:-1]]
+        continues = all(
+            entry.parent_seq == parent and entry.role != BASE_ROLE
+            for entry, parent in zip(stored, parents, strict=True)
+        )
+        if not continues:
+            self._paths.pop(conversation_id, None)
+            return
+        last_assistant = path.last_assistant
+        for entry in stored:
+            if entry.role == "assistant":
+                last_assistant = entry.token_ids
+        prompt = b"".join([path.prompt, *(entry.token_ids for entry in stored)])
+        self.put(
+            conversation_id, KnownPath(stored[-1].seq, prompt, last_assistant, stored[-1].role)
+        )
 
     def __len__(self) -> int:
         return len(self._paths)

@@ -105,6 +105,10 @@ class Conversation(Base):
     )
 
 
+BASE_ROLE = "base"
+"""Role of the entry a compaction writes (``bot.turns.compaction``): the history restarts there."""
+
+
 class Message(Base):
     """One entry of the token-exact history, a node of the conversation's history tree.
 

@@ -23,7 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import aliased
 
 from bot.storage.known_paths import KnownPath, KnownPaths
-from bot.storage.models import Conversation, InboundEvent, Message, Turn, utcnow
+from bot.storage.models import BASE_ROLE, Conversation, InboundEvent, Message, Turn, utcnow
 from bot.storage.tokens import unpack_token_ids
 
 _CONVERSATIONS = cast(Table, Conversation.__table__)
@@ -288,10 +288,6 @@ class History:
     """The preset the conversation started with (``conversations.persona``); None: default."""
     owner: str | None = None
     """Whose conversation it is (``conversations.owner``): its tenant's cache salt."""
-
-
-BASE_ROLE = "base"
-"""Role of the entry a compaction writes (``bot.turns.compaction``): the history restarts there."""
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from bot.engine.base import GenerationRequest, InferenceEngine
 from bot.storage.models import (
+    BASE_ROLE,
     Compaction,
     Conversation,
     Message,
@@ -51,7 +52,7 @@ from bot.storage.models import (
     TurnStatus,
     new_id,
 )
-from bot.storage.queries import BASE_ROLE, History, path_entries
+from bot.storage.queries import History, path_entries
 from bot.storage.tokens import pack_token_ids, unpack_token_ids
 from bot.turns.chat_format import ChatFormat, Tokenizer
 from bot.turns.preparation import Plan, Preparation

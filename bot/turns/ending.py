@@ -33,6 +33,7 @@ from sqlalchemy import Table, bindparam, insert, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from bot.errors import USER_MESSAGES, ErrorClass
+from bot.storage.known_paths import KnownPaths
 from bot.storage.models import Conversation, Message, Turn, TurnStatus
 from bot.storage.text import storable
 from bot.turns.replies import ReplySink
@@ -243,17 +244,19 @@ class TurnEndings:
         sink: ReplySink | None = None,
         history: Sequence[Message] = (),
         charge: ChargeTurn | None = None,
+        known: KnownPaths | None = None,
     ) -> None:
         """End a turn this process ran: final write (retried), announcement, apology.
 
         Never raises. ``history`` (the turn's user and assistant entries) is
-        stored with a done turn in the same transaction as its final status.
+        stored with a done turn in the same transaction as its final status,
+        and once committed ends the conversation's path in ``known``.
         The apology comes last: a worker that dies before it leaves a final row
         (a takeover never apologises a second time), and a slow platform holds
         up neither the stream's last event nor the log line.
         """
         try:
-            stored = await self._store_with_retries(turn.id, end, history, charge)
+            stored = await self._store_with_retries(turn.id, end, history, charge, known)
         except Exception as exc:
             log.error(
                 "turn_final_write_failed",
@@ -290,12 +293,13 @@ class TurnEndings:
         end: TurnEnd,
         history: Sequence[Message],
         charge: ChargeTurn | None,
+        known: KnownPaths | None = None,
     ) -> TurnEnd | None:
         """Store ``end``; None when written, else the ending another path stored first."""
         for attempt, pause in enumerate((*self._backoff_s, None)):
             try:
                 async with asyncio.timeout(self._attempt_timeout_s):
-                    return await self._store(turn_id, end, history, charge)
+                    return await self._store(turn_id, end, history, charge, known)
             except Exception as exc:
                 if pause is None:
                     raise
@@ -309,7 +313,9 @@ class TurnEndings:
         end: TurnEnd,
         history: Sequence[Message],
         charge: ChargeTurn | None,
+        known: KnownPaths | None,
     ) -> TurnEnd | None:
+        stored_history = ""  # the conversation whose entries this write adds
         async with self._sessions() as session, session.begin():
             # One locking statement settles the one final status: a turn another worker
             # took over (our lease ran out) is already final and is not updated. No read
@@ -331,8 +337,12 @@ class TurnEndings:
                     _MOVE_HEAD,
                     {"conversation_id": row.conversation_id, "new_head_seq": history[-1].seq},
                 )
+                stored_history = row.conversation_id
             if charge is not None:
                 await charge(session, row)
+        if stored_history and known is not None:
+            # Committed: the conversation's next turn reads its head and nothing more.
+            known.extend(stored_history, history)
         return None
 
     async def apologise(

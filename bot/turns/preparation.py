@@ -51,8 +51,8 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from bot.engine.base import GenerationRequest, InferenceEngine
-from bot.storage.models import PreparedBase, utcnow
-from bot.storage.queries import BASE_ROLE, History, as_utc, load_history, path_entries
+from bot.storage.models import BASE_ROLE, PreparedBase, utcnow
+from bot.storage.queries import History, as_utc, load_history, path_entries
 from bot.storage.tokens import pack_token_ids, unpack_token_ids
 from bot.turns.chat_format import ChatFormat
 from bot.turns.settings import CompactionSettings

@@ -193,6 +193,7 @@ class TurnRunner:
                     progress.compaction_write,
                     self.policy.fair_use.charge_turn if self.policy.fair_use else None,
                 ),
+                known=self._known_paths,
             )
         finally:
             structlog.contextvars.unbind_contextvars("turn_id", "conversation_id")

@@ -12,8 +12,7 @@ from bot.config import EngineSettings
 from bot.engine.vllm_local import LocalVLLMEngine
 from bot.storage import queries
 from bot.storage.db import create_engine, create_sessionmaker
-from bot.storage.models import Compaction, Message, Turn
-from bot.storage.queries import BASE_ROLE
+from bot.storage.models import BASE_ROLE, Compaction, Message, Turn
 from bot.storage.tokens import unpack_token_ids
 from bot.turns.chat_format import ChatFormat
 from bot.turns.compaction import (

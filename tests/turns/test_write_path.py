@@ -112,6 +112,37 @@ async def test_on_sqlite_a_turn_takes_the_write_lock_to_be_accepted_and_ended_on
     assert not [statement for statement in log if re.match(START, statement)], log
 
 
+async def test_a_conversations_next_turn_reads_its_head_and_not_its_path(
+    db_url: str, make_client: MakeClient
+) -> None:
+    client = await make_client(db_url)
+    key = await issue_key(db_url)
+    for message_id in ("m0", "m1"):
+        accepted = await send(client, key, message_id)
+        assert await final_kind(client, key, (await accepted.json())["turn_id"]) == "done"
+    await client.app[TURNS].wait_idle(30)
+
+    statements: list[str] = []
+
+    def record(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        statements.append(statement)
+
+    sync_engine = client.app[SESSIONS].kw["bind"].sync_engine
+    event.listen(sync_engine, "before_cursor_execute", record)
+    try:
+        accepted = await send(client, key, "m2")
+        assert await final_kind(client, key, (await accepted.json())["turn_id"]) == "done"
+        await client.app[TURNS].wait_idle(30)
+    finally:
+        event.remove(sync_engine, "before_cursor_execute", record)
+
+    # The entries the last turn stored are known since its final write committed: the
+    # history read is its head's, no walk of the path (one recursive query).
+    assert [s for s in statements if "conversations.head_seq" in s], statements
+    assert not [s for s in statements if "RECURSIVE" in s], statements
+    assert [t.status for t in await load_turns(db_url)] == [TurnStatus.DONE] * 3
+
+
 async def test_a_stop_sent_as_the_ack_arrives_stops_a_turn_its_accept_began_once(
     db_url: str, make_client: MakeClient, engine: LocalVLLMEngine
 ) -> None:
