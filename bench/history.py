@@ -7,8 +7,10 @@ engine. Here a conversation of N entries, one branch, 60 tokens an entry, and
 
 - whole path: the walk over every entry, as without ``KnownPaths`` (after a
   restart, or a conversation new to this worker);
-- known path: the turn's usual case, the path up to the previous turn's head
-  already known, so only the last user and assistant entries are fetched.
+- known path: the path up to the previous turn's head known from a read, so only
+  the last user and assistant entries are fetched;
+- stored path: the turn's usual case, the previous turn's entries known since its
+  final write committed (``KnownPaths.extend``), so only the head is read.
 
 Run:  .venv/bin/python bench/history.py
       .venv/bin/python bench/history.py --database postgresql+asyncpg://127.0.0.1/test
@@ -78,6 +80,33 @@ async def known_path_ms(reads: Sessions, conversation_id: str, head: int) -> flo
     return (time.perf_counter() - started) * 1000
 
 
+async def stored_path_ms(reads: Sessions, conversation_id: str, entries: list[Message]) -> float:
+    # The previous turn's path is known from a read and the last two entries from the
+    # final write that stored them.
+    known = KnownPaths()
+    async with reads() as session:
+        await load_history(session, conversation_id, at=entries[0].seq - 1, known=known)
+    known.extend(conversation_id, entries)
+    started = time.perf_counter()
+    async with reads() as session:
+        await load_history(session, conversation_id, known=known)
+    return (time.perf_counter() - started) * 1000
+
+
+def last_two(conversation_id: str, entries: int) -> list[Message]:
+    """The path's last user and assistant entries, as a turn's final write stores them."""
+    return [
+        Message(
+            conversation_id=conversation_id,
+            seq=seq,
+            role="user" if seq % 2 == 0 else "assistant",
+            token_ids=pack_token_ids(range(seq, seq + TOKENS_PER_ENTRY)),
+            parent_seq=seq - 1,
+        )
+        for seq in (entries - 2, entries - 1)
+    ]
+
+
 async def run(url: str, lengths: list[int], repeats: int) -> None:
     engine = create_engine(url)
     sessions = create_sessionmaker(engine)
@@ -96,13 +125,22 @@ async def run(url: str, lengths: list[int], repeats: int) -> None:
                 await load_history(session, conversation_id, at=entries - 3, known=known)
                 extended = await load_history(session, conversation_id, known=known)
                 assert extended == await load_history(session, conversation_id)
+                stored = KnownPaths()
+                await load_history(session, conversation_id, at=entries - 3, known=stored)
+                stored.extend(conversation_id, last_two(conversation_id, entries))
+                assert extended == await load_history(session, conversation_id, known=stored)
             whole = [await whole_path_ms(reads, conversation_id) for _ in range(repeats)]
             known_ms = [
                 await known_path_ms(reads, conversation_id, entries - 1) for _ in range(repeats)
             ]
+            stored_ms = [
+                await stored_path_ms(reads, conversation_id, last_two(conversation_id, entries))
+                for _ in range(repeats)
+            ]
             print(
                 f"{entries:>7} {entries * TOKENS_PER_ENTRY:>7}"
                 f"   {statistics.median(whole):>10.2f}   {statistics.median(known_ms):>10.2f}"
+                f"   {statistics.median(stored_ms):>11.2f}"
             )
     finally:
         await engine.dispose()
@@ -120,7 +158,7 @@ async def main() -> None:
         for server in [None, *args.database]:
             async with scratch_database(Path(workdir), server) as url:
                 print(f"\n{'SQLite' if server is None else 'PostgreSQL'}")
-                print("entries  tokens   whole path   known path")
+                print("entries  tokens   whole path   known path   stored path")
                 await run(url, lengths, args.repeats)
 
 
