@@ -42,7 +42,9 @@ START = r"^UPDATE turns SET (?:(?! WHERE ).)*\bstarted_at="
 FINAL = r"^UPDATE turns SET (?:(?! WHERE ).)*\bfinished_at="
 HISTORY = r"^INSERT INTO messages"
 ACCEPT = r"^INSERT INTO turns"
-READ_HISTORY = r"^WITH RECURSIVE path"
+READ_HISTORY = r"^SELECT conversations\.head_seq, \(SELECT max"
+"""A turn's history read: its head, the one statement it always sends (with the path known
+from the previous turn's final write, the only one)."""
 
 
 def turn_lines(logs: list[dict[str, Any]], turn_id: str) -> list[dict[str, Any]]:
