@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import (
     JSON,
@@ -20,6 +20,7 @@ from sqlalchemy import (
     LargeBinary,
     MetaData,
     String,
+    Table,
     Text,
     UniqueConstraint,
     text,
@@ -50,6 +51,11 @@ class Base(DeclarativeBase):
         dt.datetime: DateTime(timezone=True),
         dict[str, Any]: JSON,
     }
+
+
+def table_of(model: type[Base]) -> Table:
+    """``model``'s table, for Core statements that load no objects (the hot paths)."""
+    return cast(Table, model.__table__)
 
 
 class ApiKey(Base):

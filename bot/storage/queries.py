@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 from sqlalchemy import (
     ColumnElement,
     Integer,
     Select,
     String,
-    Table,
     bindparam,
     func,
     insert,
@@ -23,10 +22,18 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import aliased
 
 from bot.storage.known_paths import KnownPath, KnownPaths
-from bot.storage.models import BASE_ROLE, Conversation, InboundEvent, Message, Turn, utcnow
+from bot.storage.models import (
+    BASE_ROLE,
+    Conversation,
+    InboundEvent,
+    Message,
+    Turn,
+    table_of,
+    utcnow,
+)
 from bot.storage.tokens import unpack_token_ids
 
-_CONVERSATIONS = cast(Table, Conversation.__table__)
+_CONVERSATIONS = table_of(Conversation)
 
 
 def _open_for_key(
@@ -148,8 +155,8 @@ async def take_turn_slot(
 
 # The tables, not the mapped classes: an ORM-enabled INSERT goes through the ORM's bulk
 # machinery for nothing here.
-_INSERT_TURN = insert(cast(Table, Turn.__table__))
-_INSERT_EVENT = insert(cast(Table, InboundEvent.__table__))
+_INSERT_TURN = insert(table_of(Turn))
+_INSERT_EVENT = insert(table_of(InboundEvent))
 
 
 async def insert_turn(

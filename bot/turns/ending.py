@@ -26,15 +26,15 @@ import asyncio
 import dataclasses
 import datetime as dt
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, cast
+from typing import Any
 
 import structlog
-from sqlalchemy import Table, bindparam, insert, update
+from sqlalchemy import bindparam, insert, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from bot.errors import USER_MESSAGES, ErrorClass
 from bot.storage.known_paths import KnownPaths
-from bot.storage.models import Conversation, Message, Turn, TurnStatus
+from bot.storage.models import Conversation, Message, Turn, TurnStatus, table_of
 from bot.storage.text import storable
 from bot.turns.replies import ReplySink
 from bot.turns.streams import TurnStreams
@@ -198,9 +198,9 @@ _FINISH = (
     .execution_options(synchronize_session=False)  # a new session: nothing to bring up to date
 )
 """The one final status, only if the turn has none yet (another worker may have failed it)."""
-_INSERT_ENTRIES = insert(cast(Table, Message.__table__))
+_INSERT_ENTRIES = insert(table_of(Message))
 """The table's INSERT, not the ORM's: one executemany, no bulk machinery in between."""
-_CONVERSATIONS = cast(Table, Conversation.__table__)
+_CONVERSATIONS = table_of(Conversation)
 _MOVE_HEAD = (
     update(_CONVERSATIONS)
     .where(_CONVERSATIONS.c.id == bindparam("conversation_id"))
@@ -280,7 +280,7 @@ class TurnEndings:
     async def _store_failure_instead(self, turn_id: str, failed: TurnEnd) -> TurnEnd | None:
         """The real ending could not be stored: record the turn as failed, without history."""
         try:
-            return await self._store_with_retries(turn_id, failed, (), None)
+            return await self._store_with_retries(turn_id, failed, (), None, None)
         except Exception as again:
             # Nothing could be written: the watchdog fails the row once the database is back.
             self.abandoned.add(turn_id)
@@ -293,7 +293,7 @@ class TurnEndings:
         end: TurnEnd,
         history: Sequence[Message],
         charge: ChargeTurn | None,
-        known: KnownPaths | None = None,
+        known: KnownPaths | None,
     ) -> TurnEnd | None:
         """Store ``end``; None when written, else the ending another path stored first."""
         for attempt, pause in enumerate((*self._backoff_s, None)):
