@@ -32,10 +32,6 @@ class KnownPath:
     last_role: str
 
 
-_EMPTY = KnownPath(-1, b"", b"", "")
-"""The path before a conversation's first entry."""
-
-
 class KnownPaths:
     """The last path read for each of the most recently active conversations (LRU)."""
 
@@ -67,12 +63,13 @@ class KnownPaths:
         """
         if not stored:
             return
-        path = self._paths.get(conversation_id)
-        if path is None and stored[0].parent_seq is None:
-            path = _EMPTY  # a conversation's first entries: its path starts with them
-        if path is None:
-            return
-        parents = [path.head_seq if path is not _EMPTY else None]
+        known = self._paths.get(conversation_id)
+        if known is None and stored[0].parent_seq is not None:
+            return  # a path this worker never read: the next read walks the database
+        # With no path known, the entries are the conversation's first and start it.
+        prompt = known.prompt if known is not None else b""
+        last_assistant = known.last_assistant if known is not None else b""
+        parents = [known.head_seq if known is not None else None]
         parents += [entry.seq for entry in stored[:-1]]
         continues = all(
             entry.parent_seq == parent and entry.role != BASE_ROLE
@@ -81,11 +78,10 @@ class KnownPaths:
         if not continues:
             self._paths.pop(conversation_id, None)
             return
-        last_assistant = path.last_assistant
         for entry in stored:
             if entry.role == "assistant":
                 last_assistant = entry.token_ids
-        prompt = b"".join([path.prompt, *(entry.token_ids for entry in stored)])
+        prompt = b"".join([prompt, *(entry.token_ids for entry in stored)])
         self.put(
             conversation_id, KnownPath(stored[-1].seq, prompt, last_assistant, stored[-1].role)
         )
