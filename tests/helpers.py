@@ -6,14 +6,15 @@ import asyncio
 import datetime as dt
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
 from aiohttp import ClientResponse
-from sqlalchemy import func, select
-from sqlalchemy.engine import make_url
+from sqlalchemy import event, func, select
+from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from bot.apikeys import create_key
@@ -249,3 +250,18 @@ async def conversation_personas(db_url: str) -> dict[str, str | None]:
             return {key: persona for key, persona in rows}
     finally:
         await engine.dispose()
+
+
+@contextmanager
+def recorded_statements(sync_engine: Engine) -> Iterator[list[str]]:
+    """Every SQL statement ``sync_engine`` sends while the block runs, in order."""
+    statements: list[str] = []
+
+    def record(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        statements.append(statement)
+
+    event.listen(sync_engine, "before_cursor_execute", record)
+    try:
+        yield statements
+    finally:
+        event.remove(sync_engine, "before_cursor_execute", record)

@@ -25,7 +25,7 @@ from bot.storage.db import READ_ONLY, is_sqlite
 from bot.storage.models import TurnStatus
 from tests.conftest import MakeClient, issue_key
 from tests.engines import SlowEngine
-from tests.helpers import auth, count_rows, load_turns, read_sse
+from tests.helpers import auth, count_rows, load_turns, read_sse, recorded_statements
 from tests.turns.conftest import WriteFaults
 
 TURN_SLOT = r"^UPDATE conversations SET .*next_turn_seq"
@@ -87,24 +87,20 @@ async def test_on_sqlite_a_turn_takes_the_write_lock_to_be_accepted_and_ended_on
 
     # Each transaction as it begins (a write one takes the lock at BEGIN), then its
     # statements: a write transaction's BEGIN is not a statement SQLAlchemy sees.
-    log: list[str] = []
-
-    def begin(conn: Any) -> None:
-        log.append("BEGIN (read)" if conn.get_execution_options().get(READ_ONLY) else "BEGIN")
-
-    def record(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
-        log.append(statement)
-
     sync_engine = client.app[SESSIONS].kw["bind"].sync_engine
-    event.listen(sync_engine, "begin", begin)
-    event.listen(sync_engine, "before_cursor_execute", record)
-    try:
-        accepted = await send(client, key, "m1")
-        assert await final_kind(client, key, (await accepted.json())["turn_id"]) == "done"
-        await client.app[TURNS].wait_idle(30)
-    finally:
-        event.remove(sync_engine, "before_cursor_execute", record)
-        event.remove(sync_engine, "begin", begin)
+    with recorded_statements(sync_engine) as log:
+
+        def begin(conn: Any) -> None:
+            read = conn.get_execution_options().get(READ_ONLY)
+            log.append("BEGIN (read)" if read else "BEGIN")
+
+        event.listen(sync_engine, "begin", begin)
+        try:
+            accepted = await send(client, key, "m1")
+            assert await final_kind(client, key, (await accepted.json())["turn_id"]) == "done"
+            await client.app[TURNS].wait_idle(30)
+        finally:
+            event.remove(sync_engine, "begin", begin)
 
     # Accept (which began the turn: the conversation was idle) and final write; the
     # claims' and the history's reads begin deferred.
@@ -122,19 +118,10 @@ async def test_a_conversations_next_turn_reads_its_head_and_not_its_path(
         assert await final_kind(client, key, (await accepted.json())["turn_id"]) == "done"
     await client.app[TURNS].wait_idle(30)
 
-    statements: list[str] = []
-
-    def record(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
-        statements.append(statement)
-
-    sync_engine = client.app[SESSIONS].kw["bind"].sync_engine
-    event.listen(sync_engine, "before_cursor_execute", record)
-    try:
+    with recorded_statements(client.app[SESSIONS].kw["bind"].sync_engine) as statements:
         accepted = await send(client, key, "m2")
         assert await final_kind(client, key, (await accepted.json())["turn_id"]) == "done"
         await client.app[TURNS].wait_idle(30)
-    finally:
-        event.remove(sync_engine, "before_cursor_execute", record)
 
     # The entries the last turn stored are known since its final write committed: the
     # history read is its head's, no walk of the path (one recursive query).
