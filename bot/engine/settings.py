@@ -29,6 +29,10 @@ class EngineSettings(_Section):
     seed: int = 0
     cpu_kvcache_space_gib: int = Field(1, ge=0)
     """vLLM's ``VLLM_CPU_KVCACHE_SPACE`` on CPU builds; 0 lets vLLM choose."""
+    process_nice: int = Field(0, ge=0, le=19)
+    """The nice value of the local engine's own processes (vLLM's engine core and worker).
+    Above the service's (e.g. 10), acks stay short while the engine is busy, and replies
+    come slower (``bot.engine.process_priority``). 0 leaves them as they start."""
     # Remote engines (kind = "openai").
     base_urls: list[str] = Field(default_factory=list)
     api_key: SecretStr | None = None

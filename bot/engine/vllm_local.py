@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from bot.engine.base import EngineTimings, GenerationChunk, GenerationRequest
+from bot.engine.process_priority import descendants, lower_priority
 from bot.engine.settings import EngineSettings
 from bot.errors import EngineError, ErrorClass
 
@@ -58,6 +59,8 @@ class LocalVLLMEngine:
         self._settings = settings
         self.max_model_len = settings.max_model_len
         self._llm: AsyncLLM | None = None
+        self.process_ids: frozenset[int] = frozenset()
+        """The processes vLLM started for this engine (its engine core and worker)."""
 
     async def start(self) -> None:
         if self._llm is not None:
@@ -81,6 +84,7 @@ class LocalVLLMEngine:
             enable_prefix_caching=True,
         )
         log.info("engine_starting", model=settings.model, kind="local")
+        started_before = descendants()
         try:
             self._llm = AsyncLLM.from_engine_args(args)
         except Exception as exc:
@@ -96,7 +100,11 @@ class LocalVLLMEngine:
         from vllm.envs import enable_envs_cache
 
         enable_envs_cache()
-        log.info("engine_started", model=settings.model)
+        self.process_ids = frozenset(descendants() - started_before)
+        lowered = 0
+        if settings.process_nice:
+            lowered = lower_priority(self.process_ids, settings.process_nice)
+        log.info("engine_started", model=settings.model, threads_niced=lowered)
 
     @property
     def llm(self) -> AsyncLLM:
