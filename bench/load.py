@@ -297,7 +297,11 @@ async def run(args: argparse.Namespace, workdir: Path, db_url: str) -> None:
     where = "the service's own event loop" if args.client_in_process else "a separate process"
     print(f"# arrivals sent from {where}; loop: service {args.loop}", end="")
     print("" if args.client_in_process else f", client {args.client_loop}")
-    print(f"# engine: {'a vLLM server in its own process' if server else 'in the service process'}")
+    if server:
+        print("# engine: a vLLM server in its own process")
+    else:
+        nice = settings.engine.process_nice
+        print(f"# engine: in the service process, its own processes at nice {nice}")
     if ingress is not None:
         print(
             "# acks from an ingress-only `botctl serve` (nice"

@@ -182,6 +182,8 @@ async def main(args: argparse.Namespace) -> None:
     print(f"# {args.conversations} conversations x {args.turns} turns, ", end="")
     print(f"max_tokens={args.max_tokens}, demo model, CPU; load average ", end="")
     print(" ".join(f"{x:.2f}" for x in os.getloadavg()))
+    nice = settings.engine.process_nice
+    print(f"# engine: in the service process, its own processes at nice {nice}")
     where = "the service's own event loop" if args.client_in_process else "a separate process"
     print(f"# HTTP client ran in {where}", end="")
     print("; each reply streamed in its POST's response" if args.one_request else "")
