@@ -3,13 +3,12 @@
 vLLM runs a local engine in child processes: an engine core that schedules and a
 worker that runs the forward passes. On a machine with few cores they and the
 event loop that acknowledges messages want the same cores, and the acks wait for
-the engine's time slices: at 100 messages a second on 2 cores, ack p99 was
-220-294 ms. At a lower priority (a higher nice value, ``engine.process_nice``)
-the engine still gets every cycle the service leaves, and a request that arrives
-runs at once: p99 53-64 ms. The price is the replies' speed, since every token
-the service streams now takes the core from a forward pass (one chat end to end
-1.23x the engine alone before, 1.53x after): hence off by default, for hosts
-whose acks must stay short under bursts (README, docs/scaling.md).
+the engine's time slices. At a lower priority (a higher nice value,
+``engine.process_nice``) the engine still gets every cycle the service leaves,
+and a request that arrives runs at once. The price is the replies' speed, since
+every token the service streams then takes the core from a forward pass: hence
+off by default, for hosts whose acks must stay short under bursts. The figures
+both ways are in the README (eighth session) and docs/scaling.md.
 
 On Linux a nice value belongs to a thread, not a process: every thread of every
 process the engine started is lowered, and threads they start later inherit it.
