@@ -1,4 +1,4 @@
-"""The local engine's processes can run behind the service (``bot.engine.process_priority``)."""
+"""The local engine's processes make room for the service (``bot.engine.process_priority``)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,13 @@ from collections.abc import Iterator
 import psutil
 import pytest
 
-from bot.engine.process_priority import lower_priority
+from bot.engine.process_priority import (
+    ENGINE_CORE_TITLE,
+    WORKER_TITLE,
+    lower_priority,
+    move_core_onto_worker_cpus,
+    thread_cpus,
+)
 from bot.engine.settings import EngineSettings
 from bot.engine.vllm_local import LocalVLLMEngine
 
@@ -18,6 +24,15 @@ ENGINE_NICE = 7
 
 def thread_nices(process: psutil.Process) -> set[int]:
     return {os.getpriority(os.PRIO_PROCESS, thread.id) for thread in process.threads()}
+
+
+def thread_affinities(process: psutil.Process) -> set[frozenset[int]]:
+    return {frozenset(os.sched_getaffinity(thread.id)) for thread in process.threads()}
+
+
+def titled(engine: LocalVLLMEngine, title: str) -> list[psutil.Process]:
+    found = [psutil.Process(pid) for pid in engine.process_ids]
+    return [process for process in found if process.name().startswith(title)]
 
 
 @pytest.fixture
@@ -35,30 +50,55 @@ async def test_every_thread_of_the_engines_processes_yields_to_the_service(
 ) -> None:
     service_nice = os.getpriority(os.PRIO_PROCESS, 0)
     service_threads = thread_nices(psutil.Process())
-    engine = LocalVLLMEngine(engine_settings.model_copy(update={"process_nice": ENGINE_NICE}))
+    engine = LocalVLLMEngine(
+        engine_settings.model_copy(
+            update={"process_nice": ENGINE_NICE, "core_on_worker_cpus": False}
+        )
+    )
     await engine.start()
     try:
         processes = [psutil.Process(pid) for pid in engine.process_ids]
         # vLLM's own names for its processes (setproctitle): the engine core that
         # schedules and the worker that runs the model.
-        names = sorted(process.name() for process in processes)
-        assert [n for n in names if n.startswith("VLLM::EngineCor")], names
-        assert [n for n in names if n.startswith("VLLM::Worker")], names
+        assert titled(engine, ENGINE_CORE_TITLE), [p.name() for p in processes]
+        assert titled(engine, WORKER_TITLE), [p.name() for p in processes]
         for process in processes:
             assert thread_nices(process) == {max(service_nice, ENGINE_NICE)}, process.name()
         # The service keeps its own priority.
         assert thread_nices(psutil.Process()) == service_threads
+        # Left where vLLM started it: wherever this process may run.
+        for core in titled(engine, ENGINE_CORE_TITLE):
+            assert thread_affinities(core) == {frozenset(os.sched_getaffinity(0))}
     finally:
         await engine.shutdown()
 
 
-async def test_by_default_the_engines_processes_keep_the_services_priority(
+async def test_by_default_the_engine_core_runs_on_the_workers_cpus_behind_everything(
     engine: LocalVLLMEngine,
 ) -> None:
     service_nice = os.getpriority(os.PRIO_PROCESS, 0)
-    assert engine.process_ids
-    for pid in engine.process_ids:
-        assert thread_nices(psutil.Process(pid)) == {service_nice}
+    service_cpus = frozenset(os.sched_getaffinity(0))
+    workers = titled(engine, WORKER_TITLE)
+    worker_cpus = frozenset(thread_cpus(worker.pid for worker in workers))
+    # vLLM's CPU build binds the worker to all CPUs but one (VLLM_CPU_OMP_THREADS_BIND=auto).
+    assert worker_cpus < service_cpus, "the worker is not bound: nothing to leave to the service"
+    cores = titled(engine, ENGINE_CORE_TITLE)
+    assert cores
+    for core in cores:
+        assert thread_affinities(core) == {worker_cpus}
+        assert thread_nices(core) == {19}
+    # The worker computes at the service's priority, and the service runs anywhere.
+    for worker in workers:
+        assert thread_nices(worker) == {service_nice}
+    assert thread_affinities(psutil.Process()) == {service_cpus}
+
+
+def test_a_core_without_bound_workers_stays_where_it_is(sleeper: psutil.Process) -> None:
+    """A GPU build, or ``VLLM_CPU_OMP_THREADS_BIND=nobind``: no spare CPU for the service."""
+    before = os.sched_getaffinity(sleeper.pid)
+    assert move_core_onto_worker_cpus([sleeper.pid]) == frozenset()
+    assert os.sched_getaffinity(sleeper.pid) == before
+    assert thread_nices(sleeper) == {os.getpriority(os.PRIO_PROCESS, 0)}
 
 
 def test_lowering_raises_the_nice_value_of_every_thread_and_never_lowers_it(

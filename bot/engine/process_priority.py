@@ -1,17 +1,25 @@
-"""Optionally, the in-process engine's own processes yield the CPU to the service.
+"""Where and how urgently the in-process engine's own processes run, next to the service.
 
 vLLM runs a local engine in child processes: an engine core that schedules and a
-worker that runs the forward passes. On a machine with few cores they and the
-event loop that acknowledges messages want the same cores, and the acks wait for
-the engine's time slices. At a lower priority (a higher nice value,
-``engine.process_nice``) the engine still gets every cycle the service leaves,
-and a request that arrives runs at once. The price is the replies' speed, since
-every token the service streams then takes the core from a forward pass: hence
-off by default, for hosts whose acks must stay short under bursts. The figures
-both ways are in the README (eighth session) and docs/scaling.md.
+worker that runs the forward passes. On a CPU build vLLM binds the worker's
+threads to all CPUs but one and leaves that one for the engine core, which does
+not stay on it: the core, the worker and the event loop that acknowledges
+messages then want the same cores, and the acks wait for the engine's time
+slices.
 
-On Linux a nice value belongs to a thread, not a process: every thread of every
-process the engine started is lowered, and threads they start later inherit it.
+Two remedies, measured in the README (eighth and ninth sessions) and docs/scaling.md:
+
+* ``engine.core_on_worker_cpus`` (on by default): the engine core runs on the
+  worker's CPUs at the lowest priority. Core and worker take turns (the core
+  schedules a step, the worker computes it, the core reads the result), so the
+  core loses little there, and the spare CPU is the service's alone.
+* ``engine.process_nice`` (off by default): every thread of the engine's
+  processes at a higher nice value. The engine still gets every cycle the
+  service leaves, but every token the service streams then takes the core from
+  a forward pass, so replies come slower.
+
+On Linux a nice value and a CPU affinity belong to a thread, not a process: every
+thread is changed, and threads started later inherit the value of their parent.
 """
 
 from __future__ import annotations
@@ -23,6 +31,12 @@ import psutil
 import structlog
 
 log = structlog.get_logger(__name__)
+
+ENGINE_CORE_TITLE = "VLLM::EngineCor"
+"""vLLM's process title for its engine core (setproctitle), as the kernel keeps it
+(15 characters: ``VLLM::EngineCore`` cut short)."""
+WORKER_TITLE = "VLLM::Worker"
+LOWEST_PRIORITY = 19
 
 
 def descendants() -> set[int]:
@@ -39,11 +53,55 @@ def lower_priority(pids: Iterable[int], nice: int) -> int:
     changed = 0
     for pid in pids:
         try:
-            threads = psutil.Process(pid).threads()
-            for thread in threads:
+            for thread in psutil.Process(pid).threads():
                 if os.getpriority(os.PRIO_PROCESS, thread.id) < nice:
                     os.setpriority(os.PRIO_PROCESS, thread.id, nice)
                     changed += 1
         except (psutil.Error, ProcessLookupError, PermissionError) as exc:
             log.warning("engine_priority_not_set", pid=pid, error=f"{type(exc).__name__}: {exc}")
     return changed
+
+
+def _titled(pids: Iterable[int], title: str) -> list[int]:
+    found = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).name().startswith(title):
+                found.append(pid)
+        except psutil.Error:
+            continue
+    return found
+
+
+def thread_cpus(pids: Iterable[int]) -> set[int]:
+    """Every CPU some thread of ``pids`` may run on."""
+    cpus: set[int] = set()
+    for pid in pids:
+        try:
+            for thread in psutil.Process(pid).threads():
+                cpus |= os.sched_getaffinity(thread.id)
+        except (psutil.Error, ProcessLookupError):
+            continue
+    return cpus
+
+
+def move_core_onto_worker_cpus(pids: Iterable[int]) -> frozenset[int]:
+    """Run the engine core among ``pids`` on its workers' CPUs, at the lowest priority.
+
+    Returns those CPUs, or nothing when the workers are not bound to fewer CPUs
+    than this process may use (a GPU build, ``VLLM_CPU_OMP_THREADS_BIND=nobind``):
+    then there is no spare CPU to leave to the service and the core stays where it is.
+    """
+    pids = list(pids)
+    worker_cpus = thread_cpus(_titled(pids, WORKER_TITLE))
+    if not worker_cpus or worker_cpus >= os.sched_getaffinity(0):
+        return frozenset()
+    for pid in _titled(pids, ENGINE_CORE_TITLE):
+        try:
+            for thread in psutil.Process(pid).threads():
+                os.sched_setaffinity(thread.id, worker_cpus)
+        except (psutil.Error, ProcessLookupError, PermissionError) as exc:
+            log.warning("engine_core_not_moved", pid=pid, error=f"{type(exc).__name__}: {exc}")
+            continue
+        lower_priority([pid], LOWEST_PRIORITY)
+    return frozenset(worker_cpus)

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from bot.engine.base import EngineTimings, GenerationChunk, GenerationRequest
-from bot.engine.process_priority import descendants, lower_priority
+from bot.engine.process_priority import descendants, lower_priority, move_core_onto_worker_cpus
 from bot.engine.settings import EngineSettings
 from bot.errors import EngineError, ErrorClass
 
@@ -101,10 +101,18 @@ class LocalVLLMEngine:
 
         enable_envs_cache()
         self.process_ids = frozenset(descendants() - started_before)
+        core_cpus: frozenset[int] = frozenset()
+        if settings.core_on_worker_cpus:
+            core_cpus = move_core_onto_worker_cpus(self.process_ids)
         lowered = 0
         if settings.process_nice:
             lowered = lower_priority(self.process_ids, settings.process_nice)
-        log.info("engine_started", model=settings.model, threads_niced=lowered)
+        log.info(
+            "engine_started",
+            model=settings.model,
+            core_cpus=sorted(core_cpus),
+            threads_niced=lowered,
+        )
 
     @property
     def llm(self) -> AsyncLLM:
