@@ -10,9 +10,12 @@ slices.
 Two remedies, measured in the README (eighth and ninth sessions) and docs/scaling.md:
 
 * ``engine.core_on_worker_cpus`` (on by default): the engine core runs on the
-  worker's CPUs at the lowest priority. Core and worker take turns (the core
-  schedules a step, the worker computes it, the core reads the result), so the
-  core loses little there, and the spare CPU is the service's alone.
+  worker's CPUs. Core and worker take turns (the core schedules a step, the
+  worker computes it, the core reads the result), and the spare CPU is the
+  service's alone. The price is the time both spend waiting for each other on
+  one CPU, where each spins between steps: a lone chat's replies decode about a
+  fifth slower; with many chats at once the service's own speed gains more. At
+  the lowest priority there, the core came too late for each step (slower still).
 * ``engine.process_nice`` (off by default): every thread of the engine's
   processes at a higher nice value. The engine still gets every cycle the
   service leaves, but every token the service streams then takes the core from
@@ -36,7 +39,6 @@ ENGINE_CORE_TITLE = "VLLM::EngineCor"
 """vLLM's process title for its engine core (setproctitle), as the kernel keeps it
 (15 characters: ``VLLM::EngineCore`` cut short)."""
 WORKER_TITLE = "VLLM::Worker"
-LOWEST_PRIORITY = 19
 
 
 def descendants() -> set[int]:
@@ -86,7 +88,7 @@ def thread_cpus(pids: Iterable[int]) -> set[int]:
 
 
 def move_core_onto_worker_cpus(pids: Iterable[int]) -> frozenset[int]:
-    """Run the engine core among ``pids`` on its workers' CPUs, at the lowest priority.
+    """Run the engine core among ``pids`` on the CPUs its workers are bound to.
 
     Returns those CPUs, or nothing when the workers are not bound to fewer CPUs
     than this process may use (a GPU build, ``VLLM_CPU_OMP_THREADS_BIND=nobind``):
@@ -102,6 +104,4 @@ def move_core_onto_worker_cpus(pids: Iterable[int]) -> frozenset[int]:
                 os.sched_setaffinity(thread.id, worker_cpus)
         except (psutil.Error, ProcessLookupError, PermissionError) as exc:
             log.warning("engine_core_not_moved", pid=pid, error=f"{type(exc).__name__}: {exc}")
-            continue
-        lower_priority([pid], LOWEST_PRIORITY)
     return frozenset(worker_cpus)

@@ -30,10 +30,10 @@ class EngineSettings(_Section):
     cpu_kvcache_space_gib: int = Field(1, ge=0)
     """vLLM's ``VLLM_CPU_KVCACHE_SPACE`` on CPU builds; 0 lets vLLM choose."""
     core_on_worker_cpus: bool = True
-    """Run the local engine's core on the CPUs vLLM bound its worker to, at the lowest
-    priority, so that the CPU vLLM keeps spare is the service's: acks stay short while
-    the engine is busy (``bot.engine.process_priority``). Nothing changes where the worker
-    is not bound (GPU builds)."""
+    """Run the local engine's core on the CPUs vLLM bound its worker to, so that the CPU
+    vLLM keeps spare is the service's: acks stay short while the engine is busy, and a
+    lone chat decodes slower (``bot.engine.process_priority``). Nothing changes where the
+    worker is not bound (GPU builds)."""
     process_nice: int = Field(0, ge=0, le=19)
     """The nice value of the local engine's own processes (vLLM's engine core and worker).
     Above the service's (e.g. 10), acks stay short while the engine is busy, and replies
