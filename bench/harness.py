@@ -18,12 +18,24 @@ from pathlib import Path
 from typing import Any, Self
 
 import asyncpg
+import psutil
 from aiohttp import web
 from sqlalchemy.engine import make_url
 
 from bot.apikeys import create_key
 from bot.storage.db import create_engine, create_sessionmaker
 from bot.storage.migrate import upgrade
+
+
+def engine_processes() -> str:
+    """Where vLLM's own processes run and at which nice value, read off the processes."""
+    found = [
+        f"{child.name()} on CPUs {','.join(map(str, sorted(child.cpu_affinity())))}"
+        f" at nice {child.nice()}"
+        for child in psutil.Process().children(recursive=True)
+        if child.name().startswith("VLLM::")
+    ]
+    return "; ".join(sorted(found)) or "none found"
 
 
 def percentile(values: list[float], q: float) -> float:

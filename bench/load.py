@@ -58,6 +58,7 @@ from harness import (
     LOOPS,
     LoopLag,
     bench_key,
+    engine_processes,
     percentile,
     run_on,
     scratch_database,
@@ -300,8 +301,7 @@ async def run(args: argparse.Namespace, workdir: Path, db_url: str) -> None:
     if server:
         print("# engine: a vLLM server in its own process")
     else:
-        nice = settings.engine.process_nice
-        print(f"# engine: in the service process, its own processes at nice {nice}")
+        print(f"# engine: in the service process; {engine_processes()}")
     if ingress is not None:
         print(
             "# acks from an ingress-only `botctl serve` (nice"

@@ -35,7 +35,7 @@ import time
 import uuid
 from pathlib import Path
 
-from harness import LOOPS, bench_key, percentile, run_on, serve_on_loopback
+from harness import LOOPS, bench_key, engine_processes, percentile, run_on, serve_on_loopback
 from turns_client import Chats, run_chats, run_chats_in_subprocess
 
 from bot.app import create_app
@@ -182,8 +182,7 @@ async def main(args: argparse.Namespace) -> None:
     print(f"# {args.conversations} conversations x {args.turns} turns, ", end="")
     print(f"max_tokens={args.max_tokens}, demo model, CPU; load average ", end="")
     print(" ".join(f"{x:.2f}" for x in os.getloadavg()))
-    nice = settings.engine.process_nice
-    print(f"# engine: in the service process, its own processes at nice {nice}")
+    print(f"# engine: in the service process; {engine_processes()}")
     where = "the service's own event loop" if args.client_in_process else "a separate process"
     print(f"# HTTP client ran in {where}", end="")
     print("; each reply streamed in its POST's response" if args.one_request else "")
