@@ -15,6 +15,7 @@ from bot.engine.process_priority import (
     lower_priority,
     move_core_onto_worker_cpus,
     thread_cpus,
+    titled,
 )
 from bot.engine.settings import EngineSettings
 from bot.engine.vllm_local import LocalVLLMEngine
@@ -30,9 +31,8 @@ def thread_affinities(process: psutil.Process) -> set[frozenset[int]]:
     return {frozenset(os.sched_getaffinity(thread.id)) for thread in process.threads()}
 
 
-def titled(engine: LocalVLLMEngine, title: str) -> list[psutil.Process]:
-    found = [psutil.Process(pid) for pid in engine.process_ids]
-    return [process for process in found if process.name().startswith(title)]
+def processes(engine: LocalVLLMEngine, title: str) -> list[psutil.Process]:
+    return [psutil.Process(pid) for pid in titled(engine.process_ids, title)]
 
 
 @pytest.fixture
@@ -57,17 +57,17 @@ async def test_every_thread_of_the_engines_processes_yields_to_the_service(
     )
     await engine.start()
     try:
-        processes = [psutil.Process(pid) for pid in engine.process_ids]
+        started = [psutil.Process(pid) for pid in engine.process_ids]
         # vLLM's own names for its processes (setproctitle): the engine core that
         # schedules and the worker that runs the model.
-        assert titled(engine, ENGINE_CORE_TITLE), [p.name() for p in processes]
-        assert titled(engine, WORKER_TITLE), [p.name() for p in processes]
-        for process in processes:
+        assert processes(engine, ENGINE_CORE_TITLE), [p.name() for p in started]
+        assert processes(engine, WORKER_TITLE), [p.name() for p in started]
+        for process in started:
             assert thread_nices(process) == {max(service_nice, ENGINE_NICE)}, process.name()
         # The service keeps its own priority.
         assert thread_nices(psutil.Process()) == service_threads
         # Left where vLLM started it: wherever this process may run.
-        for core in titled(engine, ENGINE_CORE_TITLE):
+        for core in processes(engine, ENGINE_CORE_TITLE):
             assert thread_affinities(core) == {frozenset(os.sched_getaffinity(0))}
     finally:
         await engine.shutdown()
@@ -78,11 +78,11 @@ async def test_by_default_the_engine_core_runs_on_the_workers_cpus(
 ) -> None:
     service_nice = os.getpriority(os.PRIO_PROCESS, 0)
     service_cpus = frozenset(os.sched_getaffinity(0))
-    workers = titled(engine, WORKER_TITLE)
+    workers = processes(engine, WORKER_TITLE)
     worker_cpus = frozenset(thread_cpus(worker.pid for worker in workers))
     # vLLM's CPU build binds the worker to all CPUs but one (VLLM_CPU_OMP_THREADS_BIND=auto).
     assert worker_cpus < service_cpus, "the worker is not bound: nothing to leave to the service"
-    cores = titled(engine, ENGINE_CORE_TITLE)
+    cores = processes(engine, ENGINE_CORE_TITLE)
     assert cores
     for core in cores:
         assert thread_affinities(core) == {worker_cpus}

@@ -14,8 +14,8 @@ Two remedies, measured in the README (eighth and ninth sessions) and docs/scalin
   worker computes it, the core reads the result), and the spare CPU is the
   service's alone. The price is the time both spend waiting for each other on
   one CPU, where each spins between steps: a lone chat's replies decode about a
-  fifth slower; with many chats at once the service's own speed gains more. At
-  the lowest priority there, the core came too late for each step (slower still).
+  fifth slower, while 16 chats at once went as fast or faster. At the lowest
+  priority there, the core came too late for each step (slower still).
 * ``engine.process_nice`` (off by default): every thread of the engine's
   processes at a higher nice value. The engine still gets every cycle the
   service leaves, but every token the service streams then takes the core from
@@ -64,7 +64,8 @@ def lower_priority(pids: Iterable[int], nice: int) -> int:
     return changed
 
 
-def _titled(pids: Iterable[int], title: str) -> list[int]:
+def titled(pids: Iterable[int], title: str) -> list[int]:
+    """Those of ``pids`` whose process title starts with ``title``."""
     found = []
     for pid in pids:
         try:
@@ -95,10 +96,10 @@ def move_core_onto_worker_cpus(pids: Iterable[int]) -> frozenset[int]:
     then there is no spare CPU to leave to the service and the core stays where it is.
     """
     pids = list(pids)
-    worker_cpus = thread_cpus(_titled(pids, WORKER_TITLE))
+    worker_cpus = thread_cpus(titled(pids, WORKER_TITLE))
     if not worker_cpus or worker_cpus >= os.sched_getaffinity(0):
         return frozenset()
-    for pid in _titled(pids, ENGINE_CORE_TITLE):
+    for pid in titled(pids, ENGINE_CORE_TITLE):
         try:
             for thread in psutil.Process(pid).threads():
                 os.sched_setaffinity(thread.id, worker_cpus)
