@@ -23,17 +23,20 @@ from aiohttp import web
 from sqlalchemy.engine import make_url
 
 from bot.apikeys import create_key
+from bot.engine.process_priority import ENGINE_CORE_TITLE, WORKER_TITLE, descendants, titled
 from bot.storage.db import create_engine, create_sessionmaker
 from bot.storage.migrate import upgrade
 
 
 def engine_processes() -> str:
     """Where vLLM's own processes run and at which nice value, read off the processes."""
+    engine = descendants()
     found = [
-        f"{child.name()} on CPUs {','.join(map(str, sorted(child.cpu_affinity())))}"
-        f" at nice {child.nice()}"
-        for child in psutil.Process().children(recursive=True)
-        if child.name().startswith("VLLM::")
+        f"{process.name()} on CPUs {','.join(map(str, sorted(process.cpu_affinity())))}"
+        f" at nice {process.nice()}"
+        for process in map(
+            psutil.Process, titled(engine, ENGINE_CORE_TITLE) + titled(engine, WORKER_TITLE)
+        )
     ]
     return "; ".join(sorted(found)) or "none found"
 

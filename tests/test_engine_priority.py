@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from collections.abc import Iterator
 
 import psutil
@@ -33,6 +34,20 @@ def thread_affinities(process: psutil.Process) -> set[frozenset[int]]:
 
 def processes(engine: LocalVLLMEngine, title: str) -> list[psutil.Process]:
     return [psutil.Process(pid) for pid in titled(engine.process_ids, title)]
+
+
+def titled_sleeper(title: str, cpus: set[int] | None = None) -> subprocess.Popen[bytes]:
+    """A process the kernel names ``title`` (as vLLM's setproctitle does), on ``cpus``."""
+    script = (
+        f"open('/proc/self/comm', 'w').write({title!r}); import sys, time;"
+        " sys.stdout.write('ready\\n'); sys.stdout.flush(); time.sleep(60)"
+    )
+    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE)
+    assert child.stdout is not None and child.stdout.readline() == b"ready\n"
+    child.stdout.close()
+    if cpus is not None:
+        os.sched_setaffinity(child.pid, cpus)
+    return child
 
 
 @pytest.fixture
@@ -114,3 +129,28 @@ def test_a_process_that_is_gone_is_skipped(sleeper: psutil.Process) -> None:
     sleeper.kill()
     sleeper.wait()
     assert lower_priority([sleeper.pid], 7) == 0
+
+
+def test_a_core_that_is_gone_is_not_reported_moved() -> None:
+    """The engine core exits while it is being moved: skipped, and no CPUs reported."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("needs two CPUs: a worker's and a spare one")
+    worker = titled_sleeper(WORKER_TITLE, {cpus[0]})
+    core = titled_sleeper(ENGINE_CORE_TITLE)
+    live_core = titled_sleeper(ENGINE_CORE_TITLE)
+    try:
+        pids = [worker.pid, core.pid, live_core.pid]
+        assert titled(pids, ENGINE_CORE_TITLE) == [core.pid, live_core.pid]
+        core.kill()
+        core.wait()
+        # The live core moves; the gone one is skipped without an error.
+        assert move_core_onto_worker_cpus(pids) == {cpus[0]}
+        assert os.sched_getaffinity(live_core.pid) == {cpus[0]}
+        live_core.kill()
+        live_core.wait()
+        assert move_core_onto_worker_cpus(pids) == frozenset()
+    finally:
+        for child in (worker, core, live_core):
+            child.kill()
+            child.wait()

@@ -91,18 +91,21 @@ def thread_cpus(pids: Iterable[int]) -> set[int]:
 def move_core_onto_worker_cpus(pids: Iterable[int]) -> frozenset[int]:
     """Run the engine core among ``pids`` on the CPUs its workers are bound to.
 
-    Returns those CPUs, or nothing when the workers are not bound to fewer CPUs
-    than this process may use (a GPU build, ``VLLM_CPU_OMP_THREADS_BIND=nobind``):
-    then there is no spare CPU to leave to the service and the core stays where it is.
+    Returns those CPUs once a core has moved, or nothing when none did: no core
+    found, or the workers not bound to fewer CPUs than this process may use (a GPU
+    build, ``VLLM_CPU_OMP_THREADS_BIND=nobind``), where there is no spare CPU to
+    leave to the service.
     """
     pids = list(pids)
-    worker_cpus = thread_cpus(titled(pids, WORKER_TITLE))
+    worker_cpus = frozenset(thread_cpus(titled(pids, WORKER_TITLE)))
     if not worker_cpus or worker_cpus >= os.sched_getaffinity(0):
         return frozenset()
+    moved = False
     for pid in titled(pids, ENGINE_CORE_TITLE):
         try:
             for thread in psutil.Process(pid).threads():
                 os.sched_setaffinity(thread.id, worker_cpus)
+            moved = True
         except (psutil.Error, ProcessLookupError, PermissionError) as exc:
             log.warning("engine_core_not_moved", pid=pid, error=f"{type(exc).__name__}: {exc}")
-    return frozenset(worker_cpus)
+    return worker_cpus if moved else frozenset()
