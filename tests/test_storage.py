@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
+from sqlalchemy import func, select
 from sqlalchemy.engine import Connection
+from sqlalchemy.ext.asyncio import AsyncEngine
 
-from bot.storage.db import create_engine
+from bot.storage.db import create_engine, create_sessionmaker
 from bot.storage.migrate import downgrade, upgrade
-from bot.storage.models import Base
+from bot.storage.models import Base, Turn
 from bot.storage.tokens import pack_token_ids, unpack_token_ids
+from tests.helpers import terminate_backends
 
 
 def test_token_ids_round_trip_compactly() -> None:
@@ -43,3 +47,52 @@ async def test_migrations_build_exactly_the_models_schema(empty_db_url: str) -> 
     # And the way back works too.
     await asyncio.to_thread(downgrade, empty_db_url, "base")
     await asyncio.to_thread(upgrade, empty_db_url)
+
+
+async def _simple_queries_of_one_session(engine: AsyncEngine) -> list[str]:
+    """The simple-protocol queries (pings, BEGIN, COMMIT, ROLLBACK) that one session with
+    one statement sends on a connection already in the pool."""
+    async with engine.connect() as connection:
+        raw = await connection.get_raw_connection()
+        driver = raw.driver_connection
+        assert driver is not None
+    sent: list[str] = []
+
+    def log(record: Any) -> None:
+        sent.append(record.query)
+
+    driver.add_query_logger(log)
+    try:
+        async with create_sessionmaker(engine)() as session:
+            assert await session.scalar(select(func.count()).select_from(Turn)) == 0
+        await asyncio.sleep(0)  # asyncpg hands its log records to the loop
+    finally:
+        driver.remove_query_logger(log)
+    return sent
+
+
+@pytest.mark.postgres
+async def test_a_pooled_connection_is_checked_in_one_round_trip(pg_url: str) -> None:
+    """The check that the server still holds a pooled connection is one ";", not
+    SQLAlchemy's pre-ping (BEGIN, ";", ROLLBACK): two round trips fewer per session."""
+    engine = create_engine(pg_url)
+    try:
+        assert await _simple_queries_of_one_session(engine) == [";", "BEGIN;", "ROLLBACK;"]
+    finally:
+        await engine.dispose()
+
+
+@pytest.mark.postgres
+async def test_a_connection_the_server_cut_is_replaced_at_checkout(pg_url: str) -> None:
+    """A pooled connection the server closed (a restart, a cut) is found at checkout and
+    replaced: the session's statement never sees it."""
+    engine = create_engine(pg_url)
+    try:
+        async with create_sessionmaker(engine)() as session:
+            assert await session.scalar(select(func.count()).select_from(Turn)) == 0
+        assert await terminate_backends(pg_url, "true") == 1
+        await asyncio.sleep(0.2)  # the cut reaches the client side
+        async with create_sessionmaker(engine)() as session:
+            assert await session.scalar(select(func.count()).select_from(Turn)) == 0
+    finally:
+        await engine.dispose()
