@@ -41,6 +41,27 @@ def engine_processes() -> str:
     return "; ".join(sorted(found)) or "none found"
 
 
+def engine_steps() -> tuple[int, int]:
+    """Steps vLLM's engine has run in this process so far, and the tokens they computed.
+
+    Read off vLLM's own ``vllm:iteration_tokens_total`` histogram (one observation a
+    step: prompt and generated tokens scheduled in it), in this process's Prometheus
+    registry, where the in-process engine's stat logger records it.
+    """
+    from prometheus_client import REGISTRY
+
+    steps = tokens = 0.0
+    for metric in REGISTRY.collect():
+        if metric.name != "vllm:iteration_tokens_total":
+            continue
+        for sample in metric.samples:
+            if sample.name.endswith("_count"):
+                steps += sample.value
+            elif sample.name.endswith("_sum"):
+                tokens += sample.value
+    return int(steps), int(tokens)
+
+
 def percentile(values: list[float], q: float) -> float:
     """The nearest-rank ``q``-th percentile; NaN for no values."""
     if not values:

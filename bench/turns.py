@@ -9,7 +9,11 @@ Prints
     the TTFT of the same prompts sent straight to the engine,
   * the ack latency of POST /v1/messages (p50/p99),
   * the ratio of end-to-end time through the service to the same prompts sent
-    straight to the engine (prefix cache reset in between, same concurrency).
+    straight to the engine (prefix cache reset in between, same concurrency),
+  * the engine steps each run took (vLLM's own count), with tokens and wall
+    clock a step: sent directly, the chats' turns start together and share
+    steps; through the service each starts when its message has been handled,
+    so the same tokens take more, emptier steps.
 
 The HTTP client runs in a separate process with its own event loop
 (bench/turns_client.py); this process only serves (and, after, sends the same
@@ -35,7 +39,15 @@ import time
 import uuid
 from pathlib import Path
 
-from harness import LOOPS, bench_key, engine_processes, percentile, run_on, serve_on_loopback
+from harness import (
+    LOOPS,
+    bench_key,
+    engine_processes,
+    engine_steps,
+    percentile,
+    run_on,
+    serve_on_loopback,
+)
 from turns_client import Chats, run_chats, run_chats_in_subprocess
 
 from bot.app import create_app
@@ -122,6 +134,7 @@ async def main(args: argparse.Namespace) -> None:
 
     key = await bench_key(db_url, "bench")
 
+    steps_before = engine_steps()
     chats: Chats
     if args.client_in_process:
         chats = await run_chats(
@@ -132,6 +145,7 @@ async def main(args: argparse.Namespace) -> None:
             base, key, args.conversations, args.turns, args.loop, one_request=args.one_request
         )
     per_conversation, service_wall = chats.conversations, chats.wall_s
+    steps_service = engine_steps()
     results = [result for conversation in per_conversation for result in conversation]
     failures = [r for r in results if r.get("kind") != "done"]
 
@@ -143,6 +157,7 @@ async def main(args: argparse.Namespace) -> None:
         *(direct(engine, [p for _, p in seqs], args.max_tokens) for seqs in prompts.values())
     )
     direct_wall = time.perf_counter() - started
+    steps_direct = engine_steps()
 
     # Cache share: turn n's cached tokens vs the full blocks of turn n-1's prompt + reply.
     cached = cacheable = 0
@@ -217,6 +232,15 @@ async def main(args: argparse.Namespace) -> None:
     print(f"engine direct {direct_e2e:.0f} ms, ratio {e2e_ratio:.2f}")
     print(f"wall clock: service {service_wall:.2f} s, engine direct {direct_wall:.2f} s", end="")
     print(f", ratio {wall_ratio:.2f}")
+    # Why the ratio: the same tokens in more, emptier steps when the chats' turns start
+    # at their own times (through the service) instead of all at once (direct).
+    for name, (steps, tokens), (steps_then, tokens_then), wall in (
+        ("service", steps_service, steps_before, service_wall),
+        ("engine direct", steps_direct, steps_service, direct_wall),
+    ):
+        count = max(1, steps - steps_then)
+        print(f"engine steps, {name}: {count}, {(tokens - tokens_then) / count:.1f} tokens", end="")
+        print(f" and {wall * 1000 / count:.2f} ms of wall clock a step")
 
     await runner.cleanup()
     await engine.shutdown()
