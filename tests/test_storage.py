@@ -10,9 +10,9 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import func, select
 from sqlalchemy.engine import Connection
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
-from bot.storage.db import create_engine, create_sessionmaker
+from bot.storage.db import create_engine, create_read_sessionmaker, create_sessionmaker
 from bot.storage.migrate import downgrade, upgrade
 from bot.storage.models import Base, Turn
 from bot.storage.tokens import pack_token_ids, unpack_token_ids
@@ -49,9 +49,11 @@ async def test_migrations_build_exactly_the_models_schema(empty_db_url: str) -> 
     await asyncio.to_thread(upgrade, empty_db_url)
 
 
-async def _simple_queries_of_one_session(engine: AsyncEngine) -> list[str]:
-    """The simple-protocol queries (pings, BEGIN, COMMIT, ROLLBACK) that one session with
-    one statement sends on a connection already in the pool."""
+async def _simple_queries_of_one_session(
+    engine: AsyncEngine, sessions: async_sessionmaker[AsyncSession]
+) -> list[str]:
+    """The simple-protocol queries (pings, BEGIN, COMMIT, ROLLBACK) that one session of
+    ``sessions`` with one statement sends on a connection already in the pool."""
     async with engine.connect() as connection:
         raw = await connection.get_raw_connection()
         driver = raw.driver_connection
@@ -63,7 +65,7 @@ async def _simple_queries_of_one_session(engine: AsyncEngine) -> list[str]:
 
     driver.add_query_logger(log)
     try:
-        async with create_sessionmaker(engine)() as session:
+        async with sessions() as session:
             assert await session.scalar(select(func.count()).select_from(Turn)) == 0
         await asyncio.sleep(0)  # asyncpg hands its log records to the loop
     finally:
@@ -77,7 +79,31 @@ async def test_a_pooled_connection_is_checked_in_one_round_trip(pg_url: str) -> 
     SQLAlchemy's pre-ping (BEGIN, ";", ROLLBACK): two round trips fewer per session."""
     engine = create_engine(pg_url)
     try:
-        assert await _simple_queries_of_one_session(engine) == [";", "BEGIN;", "ROLLBACK;"]
+        sessions = create_sessionmaker(engine)
+        assert await _simple_queries_of_one_session(engine, sessions) == [
+            ";",
+            "BEGIN;",
+            "ROLLBACK;",
+        ]
+    finally:
+        await engine.dispose()
+
+
+@pytest.mark.postgres
+async def test_a_read_session_sends_no_begin_nor_rollback(pg_url: str) -> None:
+    """Under READ COMMITTED a transaction gives reads nothing: a read session's statement
+    goes alone, after the checkout's ping."""
+    engine = create_engine(pg_url)
+    try:
+        for in_place in (False, True):
+            sessions = create_read_sessionmaker(engine, in_place=in_place)
+            assert await _simple_queries_of_one_session(engine, sessions) == [";"]
+        # The setting stays with the read sessions: a writer's session on the same
+        # connection still begins (naming the server's default level, which it restored).
+        writes = create_sessionmaker(engine)
+        ping, begin, rollback = await _simple_queries_of_one_session(engine, writes)
+        assert (ping, rollback) == (";", "ROLLBACK;")
+        assert begin in ("BEGIN;", "BEGIN ISOLATION LEVEL READ COMMITTED;")
     finally:
         await engine.dispose()
 

@@ -253,12 +253,13 @@ def _ping_on_checkout(dbapi_connection: Any, record: Any, _proxy: Any) -> None:
     Every session checks a connection out, and a connection the server has closed
     since (a restart, a cut) must not fail the session's first statement. The
     pre-ping of SQLAlchemy's asyncpg dialect wraps its ";" in BEGIN and ROLLBACK
-    (SQLAlchemy's choice for pgbouncer's transaction mode, its issue 10226): three trips on every checkout, each a wait for the database server and for the
-    event loop on a busy machine; an accept took 10 trips with the default fair-use
-    limits (8 without), now 8 (6). Here it is the ";" alone. As with
-    the pre-ping, a connection opened for this very checkout is not pinged, and a
-    failed ping discards every pooled connection older than now (they most likely
-    share the restart) and the pool checks out a new one.
+    (SQLAlchemy's choice for pgbouncer's transaction mode, its issue 10226): three
+    trips on every checkout, each a wait for the database server and for the event
+    loop on a busy machine; an accept took 10 trips with the default fair-use limits
+    (8 without), now 8 (6). Here it is the ";" alone. As with the pre-ping, a
+    connection opened for this very checkout is not pinged, and a failed ping
+    discards every pooled connection older than now (they most likely share the
+    restart) and the pool checks out a new one.
     """
     if record.info.pop(_FRESH, False):
         return
@@ -354,7 +355,13 @@ def create_read_sessionmaker(
     trip to aiosqlite's (bot/storage/sqlite_driver.py); for a turn's own short reads
     only, never for one that may take long (an export, a report).
     """
-    options = {READ_ONLY: True, IN_PLACE: in_place}
+    options: dict[str, Any] = {READ_ONLY: True, IN_PLACE: in_place}
+    if engine.dialect.name == "postgresql":
+        # Under READ COMMITTED (PostgreSQL's default, which the turns' locking assumes)
+        # every statement reads a snapshot of its own, in a transaction or not: a read
+        # session's BEGIN and ROLLBACK are two round trips (a turn's history read: four
+        # instead of two) that buy it nothing.
+        options["isolation_level"] = "AUTOCOMMIT"
     return async_sessionmaker(
         engine.execution_options(**options), class_=PromptSession, expire_on_commit=False
     )
