@@ -62,6 +62,7 @@ async def test_150_concurrent_turns_on_one_replica_never_time_out_and_readyz_sta
     readyz: Counter[int] = Counter()
     not_ready: list[str] = []
     peak_in_flight = 0
+    checked_while_streaming = 0
     done = asyncio.Event()
 
     # The test's own client must not be the bottleneck: no cap on its connections.
@@ -71,10 +72,11 @@ async def test_150_concurrent_turns_on_one_replica_never_time_out_and_readyz_sta
     ):
 
         async def watch_readiness() -> None:
-            nonlocal peak_in_flight
+            nonlocal peak_in_flight, checked_while_streaming
             while not done.is_set():
                 async with http.get("/readyz") as response:
                     readyz[response.status] += 1
+                    checked_while_streaming += int(gated.gate.is_set() and not done.is_set())
                     if response.status != 200:
                         not_ready.append((await response.json()).get("reason", ""))
                 peak_in_flight = max(peak_in_flight, app[TURNS].in_flight)
@@ -119,7 +121,8 @@ async def test_150_concurrent_turns_on_one_replica_never_time_out_and_readyz_sta
         f"\n{CONCURRENT_TURNS} turns streamed in {took:.1f} s once released, "
         f"peak {peak_in_flight} generating at once; "
         f"final events {Counter(finals)}; failures {dict(failures)}; "
-        f"failed tries {dict(attempts)}; /readyz {dict(readyz)} {not_ready}"
+        f"failed tries {dict(attempts)}; /readyz {dict(readyz)} {not_ready}, "
+        f"{checked_while_streaming} while streaming"
     )
     assert len(stored) == CONCURRENT_TURNS
     assert failures == Counter()
@@ -128,5 +131,8 @@ async def test_150_concurrent_turns_on_one_replica_never_time_out_and_readyz_sta
     assert peak_in_flight > 100  # the load did go beyond aiohttp's default pool of 100
     # Every check passes: a check's own round trip has taken over 3 s here (vLLM's threads
     # on both cores), but streams and statements that just completed count as answers
-    # (bot.recent_answer).
-    assert readyz[200] >= 10 and readyz[503] == 0, (dict(readyz), not_ready)
+    # (bot.recent_answer). How many checks fit depends on how long the turns take to
+    # arrive and stream (9 in one run of 3.7 s streaming): some must have been answered
+    # while all the turns streamed.
+    assert readyz[200] >= 5 and readyz[503] == 0, (dict(readyz), not_ready)
+    assert checked_while_streaming >= 1, dict(readyz)
