@@ -25,6 +25,7 @@ from typing import Any
 import aiohttp
 import pytest
 from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from bot.storage.db import create_engine, create_sessionmaker
 from bot.storage.models import Message, Turn, TurnStatus
@@ -180,33 +181,35 @@ async def test_two_workers_answer_every_message_exactly_once_even_when_one_is_ki
     victim = workers[0]
     deadline = time.monotonic() + 60
     watcher = create_engine(pg_url)
+    interrupted: list[str] = []
+
+    async def running_in_w1(session: AsyncSession) -> list[str]:
+        running = await session.scalars(
+            select(Turn.id).where(Turn.status == TurnStatus.RUNNING, Turn.lease_owner == "w1")
+        )
+        await session.rollback()  # a fresh snapshot next time
+        return list(running)
+
     try:
         async with create_sessionmaker(watcher)() as session:
-            while time.monotonic() < deadline:
-                running = list(
-                    await session.scalars(
-                        select(Turn.id).where(
-                            Turn.status == TurnStatus.RUNNING, Turn.lease_owner == "w1"
-                        )
-                    )
-                )
-                await session.rollback()  # a fresh snapshot next time
-                if running:
-                    break
-                await asyncio.sleep(0.01)
+            while not interrupted and time.monotonic() < deadline:
+                if not await running_in_w1(session):
+                    await asyncio.sleep(0.01)
+                    continue
+                # Frozen, w1 changes nothing more: the turn seen running may have ended
+                # meanwhile (its final write already sent), so look again once what w1 had
+                # sent has reached the server, and kill it only in the middle of a turn.
+                victim.process.send_signal(signal.SIGSTOP)
+                await asyncio.sleep(0.2)
+                interrupted = await running_in_w1(session)
+                if not interrupted:
+                    victim.process.send_signal(signal.SIGCONT)  # between two turns: again
     finally:
         await watcher.dispose()
-    assert running, "w1 never ran a turn"
+    assert interrupted, "w1 never ran a turn"
+    # w2 takes none over before the lease ends.
     victim.process.send_signal(signal.SIGKILL)
     victim.process.wait(10)
-    # The turns w1 held when it died, read after the kill: the one seen running may have
-    # ended in between (w1 then started the next). w2 takes none over before the lease ends.
-    interrupted = [
-        t.id
-        for t in await load_turns(pg_url)
-        if t.status == TurnStatus.RUNNING and t.lease_owner == "w1"
-    ]
-    assert interrupted, "w1 was killed between two turns"
 
     # w2 takes over once w1's lease runs out, and finishes everything.
     deadline = time.monotonic() + 120
