@@ -7,15 +7,18 @@ import time
 from typing import Any
 
 from click.testing import CliRunner
+from sqlalchemy import event, text
 
 from bot.cli import main
 from bot.http.keys import TURNS
 from bot.storage.db import create_engine, create_sessionmaker, is_sqlite
 from bot.turns.limits import (
     MESSAGES_PER_MINUTE,
+    TOKENS_PER_DAY,
     FairUse,
     RateLimited,
     describe_wait,
+    set_override,
     subjects_for,
 )
 from bot.turns.settings import LimitSettings
@@ -173,6 +176,69 @@ async def test_platform_users_are_limited_one_by_one(sqlite_url: str) -> None:
         now[0] += 60  # the next minute
         async with sessions() as session, session.begin():
             await fair_use.admit(session, alice)
+    finally:
+        await engine.dispose()
+
+
+async def test_admit_counts_refuses_and_rolls_back_on_every_backend(db_url: str) -> None:
+    """The minute's allowance, the day's tokens, per-subject overrides either way; a
+    message refused for its tokens takes nothing from its minute. On PostgreSQL each
+    admit is one statement (one round trip on the accept's way to its ack)."""
+    now = [1_000_000.0 * 60]
+    limited = FairUse(LimitSettings(messages_per_minute=2, tokens_per_day=100), lambda: now[0])
+    unlimited = FairUse(LimitSettings(messages_per_minute=0, tokens_per_day=0), lambda: now[0])
+    engine = create_engine(db_url)
+    sessions = create_sessionmaker(engine)
+    statements: list[str] = []
+
+    def sent(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        statements.append(statement)
+
+    async def admit(fair_use: FairUse, subject: str) -> str | None:
+        """The refused limit, or None; the statements it sent are in ``statements``."""
+        statements.clear()
+        try:
+            async with sessions() as session, session.begin():
+                await fair_use.admit(session, [subject])
+        except RateLimited as exc:
+            return exc.refusal.limit
+        return None
+
+    async def messages_counted(subject: str) -> int | None:
+        async with sessions() as session:
+            return (
+                await session.execute(
+                    text("SELECT value FROM usage_counters WHERE subject = :s AND metric = :m"),
+                    {"s": subject, "m": MESSAGES_PER_MINUTE},
+                )
+            ).scalar_one_or_none()
+
+    event.listen(engine.sync_engine, "before_cursor_execute", sent)
+    try:
+        assert [await admit(limited, "key:a") for _ in range(3)] == [
+            None,
+            None,
+            MESSAGES_PER_MINUTE,
+        ]
+        # One statement a subject on PostgreSQL; the standing, then the take, on SQLite.
+        assert len(statements) == (2 if is_sqlite(db_url) else 1)
+        assert await messages_counted("key:a") == 2
+        now[0] += 60  # the next minute
+        assert await admit(limited, "key:a") is None
+        async with sessions() as session, session.begin():
+            await limited.charge(session, ["key:a"], 100)
+        assert await admit(limited, "key:a") == TOKENS_PER_DAY
+        assert await messages_counted("key:a") == 1  # the refused message took nothing
+        # An override lifts a limit (0: none) or sets one where the default has none.
+        async with sessions() as session, session.begin():
+            await set_override(session, "key:b", messages_per_minute=0, tokens_per_day=None)
+            await set_override(session, "key:c", messages_per_minute=1, tokens_per_day=None)
+        assert [await admit(limited, "key:b") for _ in range(4)] == [None] * 4
+        assert await messages_counted("key:b") is None  # no limit, nothing counted
+        assert [await admit(unlimited, "key:c") for _ in range(2)] == [None, MESSAGES_PER_MINUTE]
+        assert [await admit(unlimited, "key:d") for _ in range(3)] == [None] * 3
+        assert len(statements) == 1
+        assert await messages_counted("key:d") is None
     finally:
         await engine.dispose()
 
