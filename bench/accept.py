@@ -52,6 +52,24 @@ TAKE_MESSAGE = (
     " THEN usage_counters.value + 1 ELSE 1 END"
     " WHERE usage_counters.window_start != {1} OR usage_counters.value < {2} RETURNING value"
 )
+# PostgreSQL: the standing and the take in one statement, as ``bot.turns.limits`` sends them.
+STANDING_AND_TAKE = (
+    "WITH standing AS (SELECT"
+    " (SELECT messages_per_minute FROM limit_overrides WHERE subject = {0}) AS messages,"
+    " (SELECT tokens_per_day FROM limit_overrides WHERE subject = {0}) AS tokens,"
+    " (SELECT window_start FROM usage_counters WHERE subject = {0}"
+    " AND metric = 'tokens_per_day') AS day,"
+    " (SELECT value FROM usage_counters WHERE subject = {0}"
+    " AND metric = 'tokens_per_day') AS used),"
+    " taken AS (INSERT INTO usage_counters (subject, metric, window_start, value)"
+    " SELECT {0}, 'messages_per_minute', {1}, 1 FROM standing WHERE coalesce(messages, {2}) > 0"
+    " ON CONFLICT (subject, metric) DO UPDATE"
+    " SET window_start = {1}, value = CASE WHEN usage_counters.window_start = {1}"
+    " THEN usage_counters.value + 1 ELSE 1 END"
+    " WHERE usage_counters.window_start != {1}"
+    " OR usage_counters.value < (SELECT coalesce(messages, {2}) FROM standing) RETURNING value)"
+    " SELECT standing.*, (SELECT value FROM taken) FROM standing"
+)
 TAKE_SLOT = (
     "UPDATE conversations SET updated_at = {0}, next_turn_seq = next_turn_seq + 1"
     " WHERE owner = {1} AND channel = 'api' AND external_key = {2} AND closed_at IS NULL"
@@ -65,6 +83,12 @@ INSERT_TURN = (
 INSERT_EVENT = (
     "INSERT INTO inbound_events (channel, event_id, conversation_id, turn_id, received_at)"
     " VALUES ('api', {0}, {1}, {2}, {3})"
+)
+# PostgreSQL: the turn's INSERT a CTE of its event's, as ``bot.storage.queries`` sends them.
+TURN_AND_EVENT = (
+    "WITH new_turn AS (" + INSERT_TURN + " RETURNING id, conversation_id)"
+    " INSERT INTO inbound_events (channel, event_id, conversation_id, turn_id, received_at)"
+    " SELECT 'api', {6}, new_turn.conversation_id, new_turn.id, {5} FROM new_turn"
 )
 
 
@@ -160,11 +184,10 @@ async def plain_postgres(url: str, n: int) -> tuple[float, float]:
     db = await asyncpg.connect(
         host=parsed.host, port=parsed.port or 5432, user=parsed.username, database=parsed.database
     )
-    placeholders = [f"${k}" for k in range(1, 7)]
-    standing, take_message, take_slot = (
-        s.format(*placeholders) for s in (STANDING, TAKE_MESSAGE, TAKE_SLOT)
+    placeholders = [f"${k}" for k in range(1, 8)]
+    standing_and_take, take_slot, turn_and_event = (
+        s.format(*placeholders) for s in (STANDING_AND_TAKE, TAKE_SLOT, TURN_AND_EVENT)
     )
-    insert_turn, insert_event = (s.format(*placeholders) for s in (INSERT_TURN, INSERT_EVENT))
     run = uuid.uuid4().hex[:8]
 
     async def one(i: int) -> None:
@@ -173,8 +196,7 @@ async def plain_postgres(url: str, n: int) -> tuple[float, float]:
         minute = int(time.time() // 60) * 60
         now = dt.datetime.now(dt.UTC)
         async with db.transaction():
-            await db.fetchrow(standing, subject)
-            await db.fetchrow(take_message, subject, minute, 30)
+            await db.fetchrow(standing_and_take, subject, minute, 30)
             key = f"{run}-c{i % CONVERSATIONS}"
             row = await db.fetchrow(take_slot, now, "bench", key)
             if row is None:
@@ -189,8 +211,9 @@ async def plain_postgres(url: str, n: int) -> tuple[float, float]:
             else:
                 conversation, seq = row[0], row[2] - 1
             turn_id = uuid.uuid4().hex
-            await db.execute(insert_turn, turn_id, conversation, seq, m.user_id, m.text, now)
-            await db.execute(insert_event, m.event_id, conversation, turn_id, now)
+            await db.execute(
+                turn_and_event, turn_id, conversation, seq, m.user_id, m.text, now, m.event_id
+            )
 
     try:
         return await timed(n, one)

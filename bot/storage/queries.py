@@ -155,8 +155,39 @@ async def take_turn_slot(
 
 # The tables, not the mapped classes: an ORM-enabled INSERT goes through the ORM's bulk
 # machinery for nothing here.
-_INSERT_TURN = insert(table_of(Turn))
-_INSERT_EVENT = insert(table_of(InboundEvent))
+_TURNS = table_of(Turn)
+_EVENTS = table_of(InboundEvent)
+_INSERT_TURN = insert(_TURNS)
+_INSERT_EVENT = insert(_EVENTS)
+
+
+def _insert_turn_and_event(columns: frozenset[str]) -> Any:
+    """PostgreSQL: a new turn (these columns given) and its inbound event, one statement.
+
+    The turn's INSERT is a data-modifying CTE the event's INSERT selects from: one
+    round trip instead of two. (SQLite has no such CTE, nor round trips to save.)
+    """
+    new_turn = (
+        insert(_TURNS)
+        .values({column: bindparam(column, type_=_TURNS.c[column].type) for column in columns})
+        .returning(_TURNS.c.id, _TURNS.c.conversation_id)
+        .cte("new_turn")
+    )
+    received_at = bindparam("received_at", type_=_EVENTS.c.received_at.type)
+    return insert(_EVENTS).from_select(
+        ["channel", "event_id", "conversation_id", "turn_id", "received_at"],
+        select(
+            bindparam("event_channel", type_=String),
+            bindparam("event_id", type_=String),
+            new_turn.c.conversation_id,
+            new_turn.c.id,
+            received_at,
+        ),
+    )
+
+
+_TURN_AND_EVENT: dict[frozenset[str], Any] = {}
+"""Built once per set of columns an accept gives (a turn stored queued, or running)."""
 
 
 async def insert_turn(
@@ -170,6 +201,16 @@ async def insert_turn(
     A redelivery fails here or at commit with ``IntegrityError`` (channel, event_id).
     """
     connection = await session.connection()
+    if connection.dialect.name == "postgresql":
+        columns = frozenset(turn)
+        statement = _TURN_AND_EVENT.get(columns)
+        if statement is None:
+            statement = _TURN_AND_EVENT[columns] = _insert_turn_and_event(columns)
+        await connection.execute(
+            statement,
+            {**turn, "event_channel": channel, "event_id": event_id, "received_at": utcnow()},
+        )
+        return
     await connection.execute(_INSERT_TURN, turn)
     await connection.execute(
         _INSERT_EVENT,

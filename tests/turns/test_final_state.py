@@ -41,7 +41,8 @@ from tests.turns.conftest import WriteFaults
 START = r"^UPDATE turns SET (?:(?! WHERE ).)*\bstarted_at="
 FINAL = r"^UPDATE turns SET (?:(?! WHERE ).)*\bfinished_at="
 HISTORY = r"^INSERT INTO messages"
-ACCEPT = r"^INSERT INTO turns"
+# On PostgreSQL the turn's INSERT is a CTE of its inbound event's (one round trip).
+ACCEPT = r"^(?:WITH new_turn AS\s*\()?INSERT INTO turns"
 READ_HISTORY = r"^SELECT conversations\.head_seq, \(SELECT max"
 """A turn's history read: its head, the one statement it always sends (with the path known
 from the previous turn's final write, the only one)."""

@@ -21,8 +21,13 @@ from sqlalchemy import event
 
 from bot.engine.vllm_local import LocalVLLMEngine
 from bot.http.keys import SESSIONS, TURNS
-from bot.storage.db import READ_ONLY, is_sqlite
+from bot.storage.db import READ_ONLY, create_engine, create_sessionmaker, is_sqlite
 from bot.storage.models import TurnStatus
+from bot.turns.inbound import InboundMessage
+from bot.turns.limits import FairUse
+from bot.turns.service import TurnService
+from bot.turns.settings import LimitSettings
+from bot.turns.streams import TurnStreams
 from tests.conftest import MakeClient, issue_key
 from tests.engines import SlowEngine
 from tests.helpers import auth, count_rows, load_turns, read_sse, recorded_statements
@@ -173,3 +178,43 @@ async def test_a_message_sent_while_its_conversation_generates_waits_and_is_answ
     for before, after in itertools.pairwise(turns):
         assert before.finished_at is not None and after.started_at is not None
         assert after.started_at >= before.finished_at
+
+
+async def test_an_accept_is_three_statements_on_postgresql_and_a_redelivery_is_still_found(
+    db_url: str,
+) -> None:
+    """Each statement of an accept is a round trip on PostgreSQL, which the ack waits
+    for: fair use (its standing and its take), the turn number, the turn with its
+    inbound event. SQLite, with no trips to save, sends them one by one."""
+    engine = create_engine(db_url)
+    service = TurnService(create_sessionmaker(engine), TurnStreams())
+    service.schedule = lambda conversation_id: None  # type: ignore[method-assign]  # no engine
+    service.fair_use = FairUse(LimitSettings())
+
+    def message(event_id: str) -> InboundMessage:
+        return InboundMessage(
+            channel="api",
+            event_id=event_id,
+            owner="o",
+            conversation_key="c",
+            text="Hi",
+            user_id="u",
+        )
+
+    try:
+        await service.accept(message("m1"))  # creates the conversation
+        with recorded_statements(engine.sync_engine) as statements:
+            accepted = await service.accept(message("m2"))
+        assert not accepted.duplicate
+        assert len(statements) == (5 if is_sqlite(db_url) else 3), statements
+        again = await service.accept(message("m2"))
+        assert again.duplicate and again.turn_id == accepted.turn_id
+        counts = await count_rows(db_url)
+        assert (counts["turns"], counts["inbound_events"]) == (2, 2)
+        turns = await load_turns(db_url)
+        assert [(t.seq, t.status, t.attempt) for t in turns] == [
+            (0, TurnStatus.QUEUED, 1),
+            (1, TurnStatus.QUEUED, 1),
+        ]
+    finally:
+        await engine.dispose()
