@@ -233,7 +233,11 @@ def create_engine(url: str, *, echo: bool = False) -> AsyncEngine:
         event.listen(engine.sync_engine.pool, "reset", _on_sqlite_reset)
         event.listen(engine.sync_engine.pool, "invalidate", _on_sqlite_invalidate)
         return engine
-    engine = create_async_engine(url, echo=echo)
+    return _checked_at_checkout(create_async_engine(url, echo=echo))
+
+
+def _checked_at_checkout(engine: AsyncEngine) -> AsyncEngine:
+    """``engine`` (PostgreSQL) with every pooled connection pinged as it is checked out."""
     event.listen(engine.sync_engine, "connect", _on_server_connect)
     event.listen(engine.sync_engine.pool, "checkout", _ping_on_checkout)
     return engine
@@ -289,14 +293,14 @@ def create_probe_engine(url: str, *, one_round_trip: bool = False) -> AsyncEngin
     It answers whether the database does, not whether the request pool has a free
     connection: under a burst of requests a pooled check would wait behind them and
     report the service not ready (a load balancer would then take load off a healthy
-    worker and pile it on the others). On PostgreSQL it keeps its one connection
-    (pinged before use): a new one per check cost a server process each time and,
-    with the event loop busy, several slow round trips (3 s and "not answering" with
-    150 replies streaming). SQLite opens a file: no pool.
+    worker and pile it on the others). On PostgreSQL it keeps its one connection,
+    pinged at checkout like the request pool's: a new one per check cost a server
+    process each time and, with the event loop busy, several slow round trips (3 s and
+    "not answering" with 150 replies streaming). SQLite opens a file: no pool.
 
     ``one_round_trip`` (PostgreSQL): no ping and no transaction, so that a check's
-    statement is its only trip to the server instead of six (the ping's BEGIN, ";" and
-    ROLLBACK, then BEGIN, the statement and ROLLBACK), each of which waits its turn on a
+    statement is its only trip to the server instead of four (the ping, then BEGIN,
+    the statement and ROLLBACK), each of which waits its turn on a
     busy event loop. A connection the server closed since the last check fails the
     statement instead of the ping: callers try once more (``connection_invalidated``).
     """
@@ -304,7 +308,7 @@ def create_probe_engine(url: str, *, one_round_trip: bool = False) -> AsyncEngin
         return create_async_engine(url, poolclass=NullPool)
     if one_round_trip:
         return create_async_engine(url, pool_size=1, max_overflow=1, isolation_level="AUTOCOMMIT")
-    return create_async_engine(url, pool_size=1, max_overflow=1, pool_pre_ping=True)
+    return _checked_at_checkout(create_async_engine(url, pool_size=1, max_overflow=1))
 
 
 class PromptSession(AsyncSession):
