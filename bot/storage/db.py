@@ -259,8 +259,8 @@ def _ping_on_checkout(dbapi_connection: Any, record: Any, _proxy: Any) -> None:
     pre-ping of SQLAlchemy's asyncpg dialect wraps its ";" in BEGIN and ROLLBACK
     (SQLAlchemy's choice for pgbouncer's transaction mode, its issue 10226): three
     trips on every checkout, each a wait for the database server and for the event
-    loop on a busy machine; an accept took 10 trips with the default fair-use limits
-    (8 without), now 8 (6). Here it is the ";" alone. As with the pre-ping, a
+    loop on a busy machine (an accept's trips: docs/scaling.md). Here it is the ";"
+    alone. As with the pre-ping, a
     connection opened for this very checkout is not pinged, and a failed ping
     discards every pooled connection older than now (they most likely share the
     restart) and the pool checks out a new one.

@@ -131,17 +131,13 @@ _STANDING = select(
 """A subject's overrides (NULL: the default) and its day's token counter: one round trip."""
 
 
-def _add_to_counter(insert: Any, metric: str, *, limited: bool) -> Any:
-    """Add ``:amount`` to a subject's ``metric`` in the window starting ``:window``.
+def _counting(statement: Any, *, window: Any, amount: Any, limit: Any | None) -> Any:
+    """``statement``, an INSERT of a subject's counter row, as the upsert that adds ``amount``
+    to the counter in the window starting ``window``.
 
-    A counter whose window has passed starts again from ``:amount``. ``limited``: only
-    while the window's count is below ``:limit``; no row back means the limit is spent.
+    A counter whose window has passed starts again from ``amount``. With a ``limit``:
+    only while the window's count is below it; no row back means the limit is spent.
     """
-    window = bindparam("window", type_=BigInteger)
-    amount = bindparam("amount", type_=BigInteger)
-    statement = insert(UsageCounter).values(
-        subject=_SUBJECT, metric=metric, window_start=window, value=amount
-    )
     return statement.on_conflict_do_update(
         index_elements=[UsageCounter.subject, UsageCounter.metric],
         set_={
@@ -150,13 +146,22 @@ def _add_to_counter(insert: Any, metric: str, *, limited: bool) -> Any:
             ),
             "window_start": window,
         },
-        where=or_(
-            UsageCounter.window_start != window,
-            UsageCounter.value < bindparam("limit", type_=BigInteger),
-        )
-        if limited
-        else None,
+        where=None
+        if limit is None
+        else or_(UsageCounter.window_start != window, UsageCounter.value < limit),
     ).returning(UsageCounter.value)
+
+
+def _add_to_counter(insert: Any, metric: str, *, limited: bool) -> Any:
+    """Add ``:amount`` to a subject's ``metric`` in the window starting ``:window``;
+    ``limited``: only while the window's count is below ``:limit`` (``_counting``)."""
+    window = bindparam("window", type_=BigInteger)
+    amount = bindparam("amount", type_=BigInteger)
+    statement = insert(UsageCounter).values(
+        subject=_SUBJECT, metric=metric, window_start=window, value=amount
+    )
+    limit = bindparam("limit", type_=BigInteger) if limited else None
+    return _counting(statement, window=window, amount=amount, limit=limit)
 
 
 def _by_dialect(metric: str, *, limited: bool) -> dict[str, Any]:
@@ -182,28 +187,13 @@ def _standing_and_take() -> Any:
     messages, _tokens, _window_start, _value = standing.c
     limit = func.coalesce(messages, bindparam("default_messages", type_=BigInteger))
     window = bindparam("window", type_=BigInteger)
+    one = literal(1, BigInteger)
     take = postgresql.insert(UsageCounter).from_select(
         ["subject", "metric", "window_start", "value"],
-        select(_SUBJECT, literal(MESSAGES_PER_MINUTE), window, literal(1, BigInteger)).where(
-            limit > 0
-        ),
+        select(_SUBJECT, literal(MESSAGES_PER_MINUTE), window, one).where(limit > 0),
     )
-    taken = (
-        take.on_conflict_do_update(
-            index_elements=[UsageCounter.subject, UsageCounter.metric],
-            set_={
-                "value": case(
-                    (UsageCounter.window_start == window, UsageCounter.value + 1), else_=1
-                ),
-                "window_start": window,
-            },
-            where=or_(
-                UsageCounter.window_start != window,
-                UsageCounter.value < select(limit).scalar_subquery(),
-            ),
-        )
-        .returning(UsageCounter.value)
-        .cte("taken")
+    taken = _counting(take, window=window, amount=one, limit=select(limit).scalar_subquery()).cte(
+        "taken"
     )
     return select(*standing.c, select(taken.c.value).scalar_subquery())
 
