@@ -43,6 +43,8 @@ FINAL = r"^UPDATE turns SET (?:(?! WHERE ).)*\bfinished_at="
 HISTORY = r"^INSERT INTO messages"
 # On PostgreSQL the turn's INSERT is a CTE of its inbound event's (one round trip).
 ACCEPT = r"^(?:WITH new_turn AS\s*\()?INSERT INTO turns"
+# Fair use's statement: the standing alone (SQLite), or the standing and the take (PostgreSQL).
+FAIR_USE = r"^(?:WITH standing AS\s*\()?SELECT \(SELECT limit_overrides"
 READ_HISTORY = r"^SELECT conversations\.head_seq, \(SELECT max"
 """A turn's history read: its head, the one statement it always sends (with the path known
 from the previous turn's final write, the only one)."""
@@ -223,19 +225,21 @@ async def test_a_turn_left_running_is_failed_within_the_bound_when_no_message_fo
     assert len(turn_lines(logs, first["turn_id"])) == 1
 
 
+@pytest.mark.parametrize("failing", [ACCEPT, FAIR_USE], ids=["turn", "fair_use"])
 async def test_a_refused_accept_is_a_503_that_stores_nothing_and_can_be_retried(
-    db_url: str, make_client: MakeClient, faults: list[WriteFaults]
+    db_url: str, make_client: MakeClient, faults: list[WriteFaults], failing: str
 ) -> None:
     client = await make_client(db_url)
     key = await issue_key(db_url)
     fault = WriteFaults(client)
     faults.append(fault)
-    fault.fail(ACCEPT, times=1)
+    fault.fail(failing, times=1)
     body = {"conversation_id": "c1", "message_id": "m1", "text": "Hello"}
     refused = await client.post("/v1/messages", json=body, headers=auth(key))
     assert refused.status == 503
     assert (await refused.json())["error"] == "unavailable"
     assert "Retry-After" in refused.headers
+    assert fault.raised == 1
     assert (await count_rows(db_url))["turns"] == 0
     accepted = await send(client, key, "m1", "Hello")
     assert (await final_event(client, key, accepted["turn_id"])).kind == "done"
