@@ -14,6 +14,7 @@ from sqlalchemy import (
     bindparam,
     func,
     insert,
+    or_,
     select,
     update,
 )
@@ -221,6 +222,124 @@ async def insert_turn(
             "turn_id": turn["id"],
         },
     )
+
+
+@dataclass(frozen=True)
+class PlacedTurn:
+    """What ``place_turn`` did: the slot taken, and whether the turn went in."""
+
+    slot: TurnSlot
+    stored: bool
+    """False: the conversation's persona is not the one asked for, and nothing was added
+    (the caller refuses the message, which rolls the slot back)."""
+
+
+def _slot_turn_and_event(columns: frozenset[str], *, announce: bool) -> Any:
+    """PostgreSQL: ``_TAKE_SLOT``, the turn's INSERT and its event's, one statement.
+
+    The turn's INSERT selects its conversation and number from the slot's UPDATE
+    (a data-modifying CTE), only where the conversation's persona is the one asked
+    for; the event's INSERT selects from the turn's. With ``announce`` the event's
+    RETURNING also calls ``pg_notify(:announce_channel, conversation_id)``: once,
+    for a stored turn, delivered at commit.
+    """
+    slot = _TAKE_SLOT.cte("slot")
+    asked = bindparam("asked_persona", type_=String)
+    given = sorted(columns)
+    new_turn = (
+        insert(_TURNS)
+        .from_select(
+            [*given, "conversation_id", "seq"],
+            select(
+                # Named apart from the conversation's columns: an UPDATE (the slot's)
+                # would take a parameter named like one of its columns into its SET.
+                *(bindparam(f"turn_{column}", type_=_TURNS.c[column].type) for column in given),
+                slot.c.id,
+                slot.c.next_turn_seq - 1,
+            ).where(or_(asked.is_(None), slot.c.persona == asked)),
+            # The columns not given take the table's server defaults (``attempt``): the
+            # Python-side ones SQLAlchemy would add get no value inside a CTE.
+            include_defaults=False,
+        )
+        .returning(_TURNS.c.id, _TURNS.c.conversation_id)
+        .cte("new_turn")
+    )
+    returned: list[Any] = [_EVENTS.c.turn_id]
+    if announce:
+        returned.append(
+            func.pg_notify(bindparam("announce_channel", type_=String), _EVENTS.c.conversation_id)
+        )
+    event = (
+        insert(_EVENTS)
+        .from_select(
+            ["channel", "event_id", "conversation_id", "turn_id", "received_at"],
+            select(
+                bindparam("event_channel", type_=String),
+                bindparam("event_id", type_=String),
+                new_turn.c.conversation_id,
+                new_turn.c.id,
+                bindparam("received_at", type_=_EVENTS.c.received_at.type),
+            ),
+        )
+        .returning(*returned)
+        .cte("event")
+    )
+    stored = select(func.count()).select_from(event).scalar_subquery()
+    return select(slot.c.id, slot.c.persona, slot.c.next_turn_seq, stored)
+
+
+_SLOT_TURN_AND_EVENT: dict[tuple[frozenset[str], bool], Any] = {}
+"""Built once per set of columns an accept gives, with or without an announcement."""
+
+
+async def place_turn(
+    session: AsyncSession,
+    *,
+    owner: str,
+    channel: str,
+    external_key: str,
+    persona: str | None,
+    turn: dict[str, Any],
+    event_channel: str,
+    event_id: str,
+    announce_channel: str | None = None,
+) -> PlacedTurn | None:
+    """A message's turn in its open conversation: ``take_turn_slot`` and ``insert_turn``
+    in one statement, on PostgreSQL (one round trip instead of two, and the slot's row
+    lock is taken one round trip later). ``turn``: the row's columns but its
+    conversation and number, which come from the slot.
+
+    None where it does not apply, with nothing done: on SQLite (no round trips to
+    save, and a turn there may be stored running once its conversation is known),
+    and when the key has no open conversation (its first message: the caller takes
+    the slot, creating the conversation, then inserts). A redelivery fails with
+    ``IntegrityError`` (channel, event_id), as in ``insert_turn``. ``announce_channel``:
+    ``pg_notify`` there with the conversation's id once the turn is stored.
+    """
+    connection = await session.connection()
+    if connection.dialect.name != "postgresql":
+        return None
+    shape = (frozenset(turn), announce_channel is not None)
+    statement = _SLOT_TURN_AND_EVENT.get(shape)
+    if statement is None:
+        statement = _SLOT_TURN_AND_EVENT[shape] = _slot_turn_and_event(shape[0], announce=shape[1])
+    parameters = {
+        **{f"turn_{column}": value for column, value in turn.items()},
+        "key_owner": owner,
+        "key_channel": channel,
+        "key_external": external_key,
+        "touched_at": utcnow(),
+        "asked_persona": persona,
+        "event_channel": event_channel,
+        "event_id": event_id,
+        "received_at": utcnow(),
+    }
+    if announce_channel is not None:
+        parameters["announce_channel"] = announce_channel
+    row = (await connection.execute(statement, parameters)).one_or_none()
+    if row is None:
+        return None
+    return PlacedTurn(TurnSlot(row[0], row[1], int(row[2]) - 1), stored=bool(row[3]))
 
 
 async def find_open_conversation(

@@ -184,20 +184,8 @@ class TurnService:
                 if self.fair_use is not None and not message.unlimited:
                     # Counted in this transaction: a refusal rolls every count back.
                     await self.fair_use.admit(session, _limit_subjects(message))
-                slot = await queries.take_turn_slot(
-                    session,
-                    owner=message.owner,
-                    channel=message.channel,
-                    external_key=message.conversation_key,
-                    persona=message.persona,
-                )
-                if message.persona is not None and slot.persona != message.persona:
-                    # Raised out of the transaction: the turn number taken is rolled back.
-                    raise _PersonaConflictError(PersonaConflict(slot.persona, message.persona))
                 row: dict[str, Any] = {
                     "id": turn_id,
-                    "conversation_id": slot.conversation_id,
-                    "seq": slot.seq,
                     "channel": message.channel,
                     "reply_to": dict(message.reply_to),
                     "user_id": storable_or_none(message.user_id),
@@ -209,15 +197,43 @@ class TurnService:
                     "layer_ms": dict(message.layer_ms),
                     "created_at": dt.datetime.fromtimestamp(message.received_at, dt.UTC),
                 }
-                if self._begins_at_accept(slot.conversation_id):
-                    row["status"] = TurnStatus.RUNNING
-                    row["started_at"] = utcnow()
-                    begun = self._start_worker(slot.conversation_id)
-                await queries.insert_turn(
-                    session, row, channel=message.channel, event_id=message.event_id
+                # An ingress-only process wakes the workers, at commit.
+                announce_channel = None if self.runs_turns else wakeups.CHANNEL
+                placed = await queries.place_turn(
+                    session,
+                    owner=message.owner,
+                    channel=message.channel,
+                    external_key=message.conversation_key,
+                    persona=message.persona,
+                    turn=row,
+                    event_channel=message.channel,
+                    event_id=message.event_id,
+                    announce_channel=announce_channel,
                 )
-                if not self.runs_turns:
-                    await wakeups.announce(session, slot.conversation_id)
+                if placed is not None:
+                    slot = placed.slot
+                    if not placed.stored:
+                        _refuse_other_persona(slot, message)
+                else:  # SQLite, or the key's first message: slot, then turn
+                    slot = await queries.take_turn_slot(
+                        session,
+                        owner=message.owner,
+                        channel=message.channel,
+                        external_key=message.conversation_key,
+                        persona=message.persona,
+                    )
+                    _refuse_other_persona(slot, message)
+                    row["conversation_id"] = slot.conversation_id
+                    row["seq"] = slot.seq
+                    if self._begins_at_accept(slot.conversation_id):
+                        row["status"] = TurnStatus.RUNNING
+                        row["started_at"] = utcnow()
+                        begun = self._start_worker(slot.conversation_id)
+                    await queries.insert_turn(
+                        session, row, channel=message.channel, event_id=message.event_id
+                    )
+                    if announce_channel is not None:
+                        await wakeups.announce(session, slot.conversation_id)
         except RateLimited as exc:
             # A redelivery of a message already accepted is acknowledged, never refused.
             return await self._find_duplicate(message) or self._refuse(message, exc.refusal)
@@ -705,6 +721,15 @@ class TurnService:
             await asyncio.gather(task, return_exceptions=True)
         await self.claims.close()
         return cancelled
+
+
+def _refuse_other_persona(slot: queries.TurnSlot, message: InboundMessage) -> None:
+    """Raise when the message asks for a persona its conversation was not created with.
+
+    Raised out of the accept's transaction: the turn number taken is rolled back.
+    """
+    if message.persona is not None and slot.persona != message.persona:
+        raise _PersonaConflictError(PersonaConflict(slot.persona, message.persona))
 
 
 def _limit_subjects(message: InboundMessage) -> list[str]:

@@ -41,8 +41,13 @@ from tests.turns.conftest import WriteFaults
 START = r"^UPDATE turns SET (?:(?! WHERE ).)*\bstarted_at="
 FINAL = r"^UPDATE turns SET (?:(?! WHERE ).)*\bfinished_at="
 HISTORY = r"^INSERT INTO messages"
-# On PostgreSQL the turn's INSERT is a CTE of its inbound event's (one round trip).
-ACCEPT = r"^(?:WITH new_turn AS\s*\()?INSERT INTO turns"
+# The statement that stores a turn. On PostgreSQL the turn's INSERT is a CTE of its
+# inbound event's, and, in a conversation that exists, itself selects from the turn
+# number's UPDATE (one round trip).
+ACCEPT = (
+    r"^(?:INSERT INTO turns|WITH new_turn AS\s*\(INSERT INTO turns"
+    r"|WITH slot AS\s*\(UPDATE conversations)"
+)
 # Fair use's statement: the standing alone (SQLite), or the standing and the take (PostgreSQL).
 FAIR_USE = r"^(?:WITH standing AS\s*\()?SELECT \(SELECT limit_overrides"
 READ_HISTORY = r"^SELECT conversations\.head_seq, \(SELECT max"

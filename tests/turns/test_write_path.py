@@ -11,18 +11,21 @@ transactions, which a new read in a write session would add to.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import re
 from typing import Any
 
+import asyncpg
 import structlog
 from aiohttp.test_utils import TestClient
-from sqlalchemy import event
+from sqlalchemy import event, make_url
 
 from bot.engine.vllm_local import LocalVLLMEngine
 from bot.http.keys import SESSIONS, TURNS
 from bot.storage.db import READ_ONLY, create_engine, create_sessionmaker, is_sqlite
 from bot.storage.models import TurnStatus
+from bot.turns import wakeups
 from bot.turns.inbound import InboundMessage
 from bot.turns.limits import FairUse
 from bot.turns.service import TurnService
@@ -33,7 +36,9 @@ from tests.engines import SlowEngine
 from tests.helpers import auth, count_rows, load_turns, read_sse, recorded_statements
 from tests.turns.conftest import WriteFaults
 
-TURN_SLOT = r"^UPDATE conversations SET .*next_turn_seq"
+# The turn number's UPDATE, alone or (PostgreSQL, a conversation that exists) as the CTE
+# the turn's INSERT selects from.
+TURN_SLOT = r"^(?:WITH slot AS\s*\()?UPDATE conversations SET .*next_turn_seq"
 START = r"^UPDATE turns SET (?:(?! WHERE ).)*\bstarted_at="
 
 
@@ -180,12 +185,12 @@ async def test_a_message_sent_while_its_conversation_generates_waits_and_is_answ
         assert after.started_at >= before.finished_at
 
 
-async def test_an_accept_is_three_statements_on_postgresql_and_a_redelivery_is_still_found(
+async def test_an_accept_is_two_statements_on_postgresql_and_a_redelivery_is_still_found(
     db_url: str,
 ) -> None:
     """Each statement of an accept is a round trip on PostgreSQL, which the ack waits
-    for: fair use (its standing and its take), the turn number, the turn with its
-    inbound event. SQLite, with no trips to save, sends them one by one."""
+    for: fair use (its standing and its take), then the turn number with the turn and
+    its inbound event. SQLite, with no trips to save, sends them one by one."""
     engine = create_engine(db_url)
     service = TurnService(create_sessionmaker(engine), TurnStreams())
     service.schedule = lambda conversation_id: None  # type: ignore[method-assign]  # no engine
@@ -206,7 +211,7 @@ async def test_an_accept_is_three_statements_on_postgresql_and_a_redelivery_is_s
         with recorded_statements(engine.sync_engine) as statements:
             accepted = await service.accept(message("m2"))
         assert not accepted.duplicate
-        assert len(statements) == (5 if is_sqlite(db_url) else 3), statements
+        assert len(statements) == (5 if is_sqlite(db_url) else 2), statements
         again = await service.accept(message("m2"))
         assert again.duplicate and again.turn_id == accepted.turn_id
         counts = await count_rows(db_url)
@@ -217,4 +222,62 @@ async def test_an_accept_is_three_statements_on_postgresql_and_a_redelivery_is_s
             (1, TurnStatus.QUEUED, 1),
         ]
     finally:
+        await engine.dispose()
+
+
+async def test_an_ingress_only_accept_announces_its_turn_in_the_same_statement(
+    pg_url: str,
+) -> None:
+    """An ingress-only process wakes the workers with ``pg_notify``: on the statement that
+    stores the turn, so an accept is still two; once per stored turn, at commit, and not
+    for a message refused for its persona (rolled back)."""
+    engine = create_engine(pg_url)
+    service = TurnService(create_sessionmaker(engine), TurnStreams())
+    service.schedule = lambda conversation_id: None  # type: ignore[method-assign]  # no engine
+    service.fair_use = FairUse(LimitSettings())
+    service.runs_turns = False
+    heard: asyncio.Queue[str] = asyncio.Queue()
+    listener = await asyncpg.connect(
+        make_url(pg_url).set(drivername="postgresql").render_as_string(hide_password=False)
+    )
+    await listener.add_listener(wakeups.CHANNEL, lambda *args: heard.put_nowait(args[-1]))
+
+    def message(event_id: str, persona: str | None = None) -> InboundMessage:
+        return InboundMessage(
+            channel="api",
+            event_id=event_id,
+            owner="o",
+            conversation_key="c",
+            text="Hi",
+            user_id="u",
+            persona=persona,
+        )
+
+    async def announced() -> list[str]:
+        """What the listener heard since last asked, once nothing more comes for 0.2 s."""
+        payloads = []
+        with contextlib.suppress(TimeoutError):
+            while True:
+                payloads.append(await asyncio.wait_for(heard.get(), 0.2))
+        return payloads
+
+    try:
+        first = await service.accept(message("m1"))  # creates the conversation
+        assert await announced() == [first.conversation_id]
+        with recorded_statements(engine.sync_engine) as statements:
+            second = await service.accept(message("m2"))
+        assert len(statements) == 2, statements
+        assert await announced() == [first.conversation_id]
+        conflict = await service.accept(message("m3", persona="pirate"))
+        assert conflict.persona_conflict is not None
+        again = await service.accept(message("m2"))
+        assert again.duplicate and again.turn_id == second.turn_id
+        assert await announced() == []
+        turns = await load_turns(pg_url)
+        assert [(t.seq, t.status) for t in turns] == [
+            (0, TurnStatus.QUEUED),
+            (1, TurnStatus.QUEUED),
+        ]
+    finally:
+        await listener.close()
         await engine.dispose()
