@@ -91,6 +91,20 @@ TURN_AND_EVENT = (
     " SELECT 'api', {6}, new_turn.conversation_id, new_turn.id, {5} FROM new_turn"
 )
 
+# PostgreSQL, a conversation that exists: the turn number, the turn and its event in one
+# statement, as ``bot.storage.queries.place_turn`` sends them.
+SLOT_TURN_AND_EVENT = (
+    "WITH slot AS (" + TAKE_SLOT + "),"
+    " new_turn AS (INSERT INTO turns (id, conversation_id, seq, channel, reply_to, user_id,"
+    " user_name, user_text, status, layer_ms, created_at, api_key_id)"
+    " SELECT {3}, slot.id, slot.next_turn_seq - 1, 'api', '{{}}', {4}, NULL, {5}, 'queued',"
+    " '{{}}', {0}, NULL FROM slot WHERE {6}::varchar IS NULL OR slot.persona = {6}"
+    " RETURNING id, conversation_id),"
+    " event AS (INSERT INTO inbound_events (channel, event_id, conversation_id, turn_id,"
+    " received_at) SELECT 'api', {7}, conversation_id, id, {0} FROM new_turn RETURNING turn_id)"
+    " SELECT slot.id, slot.persona, slot.next_turn_seq, (SELECT count(*) FROM event) FROM slot"
+)
+
 
 def message(run: str, i: int) -> InboundMessage:
     # A user of its own per message: the default limit of 30 a minute never refuses one.
@@ -184,9 +198,10 @@ async def plain_postgres(url: str, n: int) -> tuple[float, float]:
     db = await asyncpg.connect(
         host=parsed.host, port=parsed.port or 5432, user=parsed.username, database=parsed.database
     )
-    placeholders = [f"${k}" for k in range(1, 8)]
-    standing_and_take, take_slot, turn_and_event = (
-        s.format(*placeholders) for s in (STANDING_AND_TAKE, TAKE_SLOT, TURN_AND_EVENT)
+    placeholders = [f"${k}" for k in range(1, 9)]
+    standing_and_take, take_slot, turn_and_event, slot_turn_and_event = (
+        s.format(*placeholders)
+        for s in (STANDING_AND_TAKE, TAKE_SLOT, TURN_AND_EVENT, SLOT_TURN_AND_EVENT)
     )
     run = uuid.uuid4().hex[:8]
 
@@ -198,6 +213,13 @@ async def plain_postgres(url: str, n: int) -> tuple[float, float]:
         async with db.transaction():
             await db.fetchrow(standing_and_take, subject, minute, 30)
             key = f"{run}-c{i % CONVERSATIONS}"
+            turn_id = uuid.uuid4().hex
+            placed = await db.fetchrow(
+                slot_turn_and_event, now, "bench", key, turn_id, m.user_id, m.text, None, m.event_id
+            )
+            if placed is not None:
+                return
+            # The conversation's first message: created, then its turn.
             row = await db.fetchrow(take_slot, now, "bench", key)
             if row is None:
                 conversation, seq = uuid.uuid4().hex, 0
@@ -210,7 +232,6 @@ async def plain_postgres(url: str, n: int) -> tuple[float, float]:
                 )
             else:
                 conversation, seq = row[0], row[2] - 1
-            turn_id = uuid.uuid4().hex
             await db.execute(
                 turn_and_event, turn_id, conversation, seq, m.user_id, m.text, now, m.event_id
             )
