@@ -28,6 +28,8 @@ from bot.turns.cancellation import stop_requested
 log = structlog.get_logger(__name__)
 
 PARTIAL_REPLY_INTERVAL_S = 0.5
+SAVE_IN_FLIGHT_GRACE_S = 2.0
+"""How long the end of a turn waits for a save already sent before cancelling it."""
 
 
 class PartialReplies:
@@ -51,11 +53,19 @@ class PartialReplies:
         """Save ``reply_so_far()`` every interval while the block runs (when it changed).
 
         ``on_lost`` is called once if a save finds the turn no longer ours to write.
+
+        At the block's end a save already sent is let finish (up to
+        ``SAVE_IN_FLIGHT_GRACE_S``), not cancelled: cancelling a statement in flight
+        costs a cancel request on a connection of its own and the pooled connection
+        (invalidated), and under load, when saves are slow, many turns would end so.
         """
-        task = asyncio.create_task(self._save_while_running(turn_id, reply_so_far, on_lost))
+        ended = asyncio.Event()
+        task = asyncio.create_task(self._save_while_running(turn_id, reply_so_far, on_lost, ended))
         try:
             yield
         finally:
+            ended.set()
+            await asyncio.wait({task}, timeout=SAVE_IN_FLIGHT_GRACE_S)
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
@@ -65,10 +75,15 @@ class PartialReplies:
         turn_id: str,
         reply_so_far: Callable[[], str],
         on_lost: Callable[[], object] | None,
+        ended: asyncio.Event,
     ) -> None:
         saved = ""
         while True:
-            await asyncio.sleep(self.interval_s)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.interval_s):
+                    await ended.wait()
+            if ended.is_set():
+                return  # the turn's final write stores the whole reply
             text = reply_so_far()
             if text == saved:
                 continue

@@ -7,8 +7,9 @@ import datetime as dt
 import time
 from typing import Any
 
+import asyncpg
 import pytest
-from sqlalchemy import update
+from sqlalchemy import event, make_url, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from bot.channels.base import ReplySink, TurnAddress
@@ -185,6 +186,52 @@ async def test_the_reply_so_far_is_saved_only_under_the_turns_lease(pg_url: str)
             stored = await session.get(Turn, turn.id)
             assert stored is not None and stored.reply_text == "Hel"
     finally:
+        await engine.dispose()
+
+
+SAVE_WAITING = (
+    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+    " AND query LIKE 'UPDATE turns SET reply_text%'"
+)
+
+
+async def test_a_save_in_flight_when_the_turn_ends_is_let_finish_not_cancelled(
+    pg_url: str,
+) -> None:
+    """Under load a save of the reply so far is often in flight as the generation ends.
+    Cancelled there, the statement would cost a cancel request to the server and the
+    pooled connection (invalidated): the turn's end lets it finish instead."""
+    engine = create_engine(pg_url)
+    sessions = create_sessionmaker(engine)
+    invalidated: list[object] = []
+    event.listen(engine.sync_engine.pool, "invalidate", lambda *args: invalidated.append(args))
+    plain_url = make_url(pg_url).set(drivername="postgresql").render_as_string(hide_password=False)
+    # One holds the lock; the other asks who waits (a transaction sees one snapshot of that).
+    holder, watcher = await asyncpg.connect(plain_url), await asyncpg.connect(plain_url)
+    try:
+        async with sessions() as session, session.begin():
+            turn = await add_turn(session, "slow", status=TurnStatus.RUNNING, lease_owner="w1")
+        # Another session holds the turn's row: the first save waits for its lock.
+        holding = holder.transaction()
+        await holding.start()
+        await holder.execute("SELECT 1 FROM turns WHERE id = $1 FOR UPDATE", turn.id)
+        partials = PartialReplies(sessions, "w1", interval_s=0.05)
+        async with partials.saving(turn.id, lambda: "Hel"):
+            async with asyncio.timeout(10):
+                while not await watcher.fetchval(SAVE_WAITING):  # noqa: ASYNC110 - polled: no event
+                    await asyncio.sleep(0.02)
+            # The lock goes once the generation has ended, while its save still waits.
+            released = asyncio.get_running_loop().call_later(
+                0.3, lambda: asyncio.ensure_future(holding.rollback())
+            )
+        released.cancel()
+        async with sessions() as session:
+            stored = await session.get(Turn, turn.id)
+            assert stored is not None and stored.reply_text == "Hel"
+        assert invalidated == []
+    finally:
+        await holder.close()
+        await watcher.close()
         await engine.dispose()
 
 
