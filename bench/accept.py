@@ -34,16 +34,21 @@ from sqlalchemy.engine import make_url
 from bot.config import load_settings
 from bot.storage.db import create_engine, create_sessionmaker, is_sqlite
 from bot.turns.inbound import InboundMessage
-from bot.turns.limits import FairUse
+from bot.turns.limits import TOKEN_METRICS, FairUse
 from bot.turns.service import TurnService
 from bot.turns.streams import TurnStreams
 
 CONVERSATIONS = 40
+# A subject's tokens today: the rows its day is spread over (``bot.turns.limits``).
+TOKENS_USED = (
+    "(SELECT coalesce(sum(CASE WHEN window_start = {3} THEN value ELSE 0 END), 0)"
+    " FROM usage_counters WHERE subject = {0} AND metric IN ("
+    + ", ".join(f"'{metric}'" for metric in TOKEN_METRICS)
+    + "))"
+)
 STANDING = (
     "SELECT (SELECT messages_per_minute FROM limit_overrides WHERE subject = {0}),"
-    " (SELECT tokens_per_day FROM limit_overrides WHERE subject = {0}),"
-    " (SELECT window_start FROM usage_counters WHERE subject = {0} AND metric = 'tokens_per_day'),"
-    " (SELECT value FROM usage_counters WHERE subject = {0} AND metric = 'tokens_per_day')"
+    " (SELECT tokens_per_day FROM limit_overrides WHERE subject = {0}), " + TOKENS_USED
 )
 TAKE_MESSAGE = (
     "INSERT INTO usage_counters (subject, metric, window_start, value)"
@@ -56,11 +61,9 @@ TAKE_MESSAGE = (
 STANDING_AND_TAKE = (
     "WITH standing AS (SELECT"
     " (SELECT messages_per_minute FROM limit_overrides WHERE subject = {0}) AS messages,"
-    " (SELECT tokens_per_day FROM limit_overrides WHERE subject = {0}) AS tokens,"
-    " (SELECT window_start FROM usage_counters WHERE subject = {0}"
-    " AND metric = 'tokens_per_day') AS day,"
-    " (SELECT value FROM usage_counters WHERE subject = {0}"
-    " AND metric = 'tokens_per_day') AS used),"
+    " (SELECT tokens_per_day FROM limit_overrides WHERE subject = {0}) AS tokens, "
+    + TOKENS_USED
+    + " AS used),"
     " taken AS (INSERT INTO usage_counters (subject, metric, window_start, value)"
     " SELECT {0}, 'messages_per_minute', {1}, 1 FROM standing WHERE coalesce(messages, {2}) > 0"
     " ON CONFLICT (subject, metric) DO UPDATE"
@@ -167,7 +170,8 @@ async def plain_sqlite(url: str, n: int) -> tuple[float, float]:
         subject = f"user:api:{m.user_id}"
         minute = int(time.time() // 60) * 60
         db.execute("BEGIN IMMEDIATE")
-        db.execute(sql[0], (subject,) * 4).fetchone()
+        day = int(time.time() // 86_400) * 86_400
+        db.execute(sql[0], (subject, subject, day, subject)).fetchone()
         db.execute(sql[1], (subject, minute, minute, minute, minute, 30)).fetchone()
         row = db.execute(sql[2], (_now(), "bench", f"{run}-c{i % CONVERSATIONS}")).fetchone()
         if row is None:
@@ -211,7 +215,8 @@ async def plain_postgres(url: str, n: int) -> tuple[float, float]:
         minute = int(time.time() // 60) * 60
         now = dt.datetime.now(dt.UTC)
         async with db.transaction():
-            await db.fetchrow(standing_and_take, subject, minute, 30)
+            day = int(time.time() // 86_400) * 86_400
+            await db.fetchrow(standing_and_take, subject, minute, 30, day)
             key = f"{run}-c{i % CONVERSATIONS}"
             turn_id = uuid.uuid4().hex
             placed = await db.fetchrow(

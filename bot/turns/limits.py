@@ -15,6 +15,11 @@ resets when the window has moved on:
 * tokens are charged when a turn ends (prompt tokens the engine computed, i.e.
   not served from the prefix cache, plus generated tokens) and checked when the
   next message arrives, so a turn in flight may overshoot the day's allowance once.
+  A subject's day is spread over ``TOKEN_SHARDS`` rows, charged in turn and summed
+  when read: the charge is part of a turn's final write, which holds the row it
+  charges until it commits, and with one row every turn of an API key shared by
+  many users would queue for it (and hold its conversation's row meanwhile, which
+  that conversation's next accept waits for).
 
 Refused messages are not stored at all: the same message may be sent again once
 the window has passed.
@@ -22,6 +27,7 @@ the window has passed.
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from collections.abc import Callable
@@ -37,6 +43,9 @@ from bot.turns.settings import LimitSettings
 
 MESSAGES_PER_MINUTE = "messages_per_minute"
 TOKENS_PER_DAY = "tokens_per_day"
+TOKEN_SHARDS = 8
+"""Rows a subject's day of tokens is spread over (``TOKENS_PER_DAY``, then ``.1`` to ``.7``)."""
+TOKEN_METRICS = (TOKENS_PER_DAY, *(f"{TOKENS_PER_DAY}.{shard}" for shard in range(1, TOKEN_SHARDS)))
 MINUTE_S = 60
 DAY_S = 86_400
 
@@ -111,10 +120,17 @@ def _override(column: Any) -> Any:
     return select(column).where(LimitOverride.subject == _SUBJECT).scalar_subquery()
 
 
-def _counter(column: Any, metric: str) -> Any:
+def _tokens_used() -> Any:
+    """A subject's tokens on ``:day``: its shards' counters whose window is that day."""
+    day = bindparam("day", type_=BigInteger)
     return (
-        select(column)
-        .where(UsageCounter.subject == _SUBJECT, UsageCounter.metric == metric)
+        select(
+            func.coalesce(
+                func.sum(case((UsageCounter.window_start == day, UsageCounter.value), else_=0)),
+                0,
+            )
+        )
+        .where(UsageCounter.subject == _SUBJECT, UsageCounter.metric.in_(TOKEN_METRICS))
         .scalar_subquery()
     )
 
@@ -125,10 +141,9 @@ _SUBJECT = bindparam("subject", type_=String)
 _STANDING = select(
     _override(LimitOverride.messages_per_minute),
     _override(LimitOverride.tokens_per_day),
-    _counter(UsageCounter.window_start, TOKENS_PER_DAY),
-    _counter(UsageCounter.value, TOKENS_PER_DAY),
+    _tokens_used(),
 )
-"""A subject's overrides (NULL: the default) and its day's token counter: one round trip."""
+"""A subject's overrides (NULL: the default) and its tokens today: one round trip."""
 
 
 def _counting(statement: Any, *, window: Any, amount: Any, limit: Any | None) -> Any:
@@ -152,7 +167,7 @@ def _counting(statement: Any, *, window: Any, amount: Any, limit: Any | None) ->
     ).returning(UsageCounter.value)
 
 
-def _add_to_counter(insert: Any, metric: str, *, limited: bool) -> Any:
+def _add_to_counter(insert: Any, metric: Any, *, limited: bool) -> Any:
     """Add ``:amount`` to a subject's ``metric`` in the window starting ``:window``;
     ``limited``: only while the window's count is below ``:limit`` (``_counting``)."""
     window = bindparam("window", type_=BigInteger)
@@ -164,7 +179,7 @@ def _add_to_counter(insert: Any, metric: str, *, limited: bool) -> Any:
     return _counting(statement, window=window, amount=amount, limit=limit)
 
 
-def _by_dialect(metric: str, *, limited: bool) -> dict[str, Any]:
+def _by_dialect(metric: Any, *, limited: bool) -> dict[str, Any]:
     """The statement for each backend's INSERT (both know the same ON CONFLICT form)."""
     return {
         "postgresql": _add_to_counter(postgresql.insert, metric, limited=limited),
@@ -173,18 +188,19 @@ def _by_dialect(metric: str, *, limited: bool) -> dict[str, Any]:
 
 
 _TAKE_MESSAGE = _by_dialect(MESSAGES_PER_MINUTE, limited=True)
-_CHARGE = _by_dialect(TOKENS_PER_DAY, limited=False)
+_CHARGE = _by_dialect(bindparam("metric", type_=String), limited=False)
+"""Tokens added to one of a subject's ``TOKEN_METRICS`` (``:metric``)."""
 
 
 def _standing_and_take() -> Any:
     """PostgreSQL: ``_STANDING`` and ``_TAKE_MESSAGE`` in one statement (one round trip).
 
     The take runs only where the subject has a message limit (its override, else
-    ``:default_messages``), against that limit; its RETURNING comes back as a fifth
+    ``:default_messages``), against that limit; its RETURNING comes back as a fourth
     column, NULL when nothing was taken.
     """
     standing = _STANDING.cte("standing")
-    messages, _tokens, _window_start, _value = standing.c
+    messages, _tokens, _used = standing.c
     limit = func.coalesce(messages, bindparam("default_messages", type_=BigInteger))
     window = bindparam("window", type_=BigInteger)
     one = literal(1, BigInteger)
@@ -213,6 +229,9 @@ class FairUse:
     def __init__(self, settings: LimitSettings, clock: Clock = time.time) -> None:
         self._defaults = Limits(settings.messages_per_minute, settings.tokens_per_day)
         self._clock = clock
+        self._charges = itertools.count()
+        """Which of a subject's ``TOKEN_METRICS`` a charge goes to: each in turn, so that
+        the final writes in flight in a process charge different rows."""
 
     @property
     def defaults(self) -> Limits:
@@ -223,17 +242,17 @@ class FairUse:
         # On the session's connection, not through the ORM: the statement loads no objects,
         # and the ORM's way of running it cost the accept more than the statement did.
         connection = await session.connection()
-        row = (await connection.execute(_STANDING, {"subject": subject})).one()
-        return self._standing(row, day)
+        row = (await connection.execute(_STANDING, {"subject": subject, "day": day})).one()
+        return self._standing(row)
 
-    def _standing(self, row: Any, day: int) -> Standing:
-        """A ``_STANDING`` row (overrides, token counter): limits, tokens used on ``day``."""
-        messages, tokens, window_start, value = row[:4]
+    def _standing(self, row: Any) -> Standing:
+        """A ``_STANDING`` row (overrides, tokens used on its ``:day``): the standing."""
+        messages, tokens, used = row[:3]
         limits = Limits(
             self._defaults.messages_per_minute if messages is None else int(messages),
             self._defaults.tokens_per_day if tokens is None else int(tokens),
         )
-        return Standing(limits, int(value) if value is not None and window_start == day else 0)
+        return Standing(limits, int(used))
 
     async def admit(self, session: AsyncSession, subjects: list[str]) -> None:
         """Count one message against every subject, or raise ``RateLimited``.
@@ -275,12 +294,13 @@ class FairUse:
                     _STANDING_AND_TAKE,
                     {
                         "subject": subject,
+                        "day": day,
                         "window": minute,
                         "default_messages": self._defaults.messages_per_minute,
                     },
                 )
             ).one()
-            return self._standing(row, day), row[4] is not None
+            return self._standing(row), row[3] is not None
         standing = await self.standing(session, subject, day)
         limit = standing.limits.messages_per_minute
         return standing, bool(limit) and await self._take_message(session, subject, minute, limit)
@@ -301,8 +321,11 @@ class FairUse:
             return
         day = int(self._clock() // DAY_S) * DAY_S
         statement = _CHARGE[_dialect(session)]
+        metric = TOKEN_METRICS[next(self._charges) % TOKEN_SHARDS]
         for subject in subjects:
-            await session.execute(statement, {"subject": subject, "window": day, "amount": tokens})
+            await session.execute(
+                statement, {"subject": subject, "metric": metric, "window": day, "amount": tokens}
+            )
 
     async def charge_turn(self, session: AsyncSession, turn: Turn) -> None:
         """Charge what the engine computed for ``turn``: uncached prompt + generated tokens."""

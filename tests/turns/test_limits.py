@@ -243,6 +243,36 @@ async def test_admit_counts_refuses_and_rolls_back_on_every_backend(db_url: str)
         await engine.dispose()
 
 
+async def test_turns_ending_together_charge_one_key_without_waiting_for_each_other(
+    pg_url: str,
+) -> None:
+    """A turn's final write charges its tokens and holds the row it charged until it
+    commits. Every turn of an API key charges that key: final writes in flight at once
+    must not queue for one row (each would hold its conversation's row meanwhile)."""
+    engine = create_engine(pg_url)
+    sessions = create_sessionmaker(engine)
+    day = [1_000_000 * 86_400.0]
+    fair_use = FairUse(LimitSettings(tokens_per_day=1000), clock=lambda: day[0])
+    try:
+        async with sessions() as first, first.begin():
+            await fair_use.charge(first, ["key:a"], 100)  # not committed yet
+            async with asyncio.timeout(5), sessions() as second, second.begin():
+                await second.execute(text("SET LOCAL lock_timeout = '1s'"))
+                await fair_use.charge(second, ["key:a"], 250)
+        for _ in range(10):  # every row a charge can go to, and back
+            async with sessions() as session, session.begin():
+                await fair_use.charge(session, ["key:a"], 1)
+        async with sessions() as session:
+            standing = await fair_use.standing(session, "key:a", int(day[0]))
+            assert standing.tokens_used == 360
+            # The next day counts from nothing, whichever rows held the last one.
+            day[0] += 86_400
+            standing = await fair_use.standing(session, "key:a", int(day[0]))
+            assert standing.tokens_used == 0
+    finally:
+        await engine.dispose()
+
+
 def test_waits_read_naturally() -> None:
     assert describe_wait(1) == "1 second"
     assert describe_wait(45) == "45 seconds"
