@@ -327,19 +327,22 @@ class TurnEndings:
                 if ended is None:
                     return TurnEnd.failed(ErrorClass.CANCELLED, "deleted while running")
                 return end_of_row(ended)
-            if end.status == TurnStatus.DONE and history:
+            adds_history = end.status == TurnStatus.DONE and bool(history)
+            if adds_history:
                 # Core statements on the session's connection: one executemany for every
                 # entry (the ORM would send one per row), and no ORM execution around them.
-                connection = await session.connection()
-                await connection.execute(_INSERT_ENTRIES, _entry_rows(history))
-                # The turn's reply becomes the active branch's end (``Message``).
-                await connection.execute(
+                await (await session.connection()).execute(_INSERT_ENTRIES, _entry_rows(history))
+            if charge is not None:
+                await charge(session, row)
+            if adds_history:
+                # The turn's reply becomes the active branch's end (``Message``). Last: the
+                # conversation's row stays locked until the commit, and the conversation's
+                # next accept (its turn number) waits for it.
+                await (await session.connection()).execute(
                     _MOVE_HEAD,
                     {"conversation_id": row.conversation_id, "new_head_seq": history[-1].seq},
                 )
                 stored_history = row.conversation_id
-            if charge is not None:
-                await charge(session, row)
         if stored_history and known is not None:
             # Committed: the conversation's next turn reads its head and nothing more.
             known.extend(stored_history, history)

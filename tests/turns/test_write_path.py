@@ -40,6 +40,7 @@ from tests.turns.conftest import WriteFaults
 # the turn's INSERT selects from.
 TURN_SLOT = r"^(?:WITH slot AS\s*\()?UPDATE conversations SET .*next_turn_seq"
 START = r"^UPDATE turns SET (?:(?! WHERE ).)*\bstarted_at="
+FINISH = r"^UPDATE turns SET (?:(?! WHERE ).)*\bfinished_at="
 
 
 async def send(client: TestClient[Any, Any], key: str, message_id: str) -> Any:
@@ -281,3 +282,28 @@ async def test_an_ingress_only_accept_announces_its_turn_in_the_same_statement(
     finally:
         await listener.close()
         await engine.dispose()
+
+
+async def test_a_final_write_moves_its_conversations_head_last(
+    db_url: str, make_client: MakeClient
+) -> None:
+    """A final write holds its conversation's row from the head move to its commit, and
+    that conversation's next accept (its turn number) waits for the row: nothing else of
+    the final write (the fair-use charge, on a row every turn of the key charges) comes
+    between the head move and the commit."""
+    client = await make_client(db_url)
+    key = await issue_key(db_url)
+    warm = await send(client, key, "m0")
+    assert await final_kind(client, key, (await warm.json())["turn_id"]) == "done"
+    await client.app[TURNS].wait_idle(30)
+
+    sync_engine = client.app[SESSIONS].kw["bind"].sync_engine
+    with recorded_statements(sync_engine) as log:
+        sent = await send(client, key, "m1")
+        assert await final_kind(client, key, (await sent.json())["turn_id"]) == "done"
+        await client.app[TURNS].wait_idle(30)
+    finish = next(i for i, s in enumerate(log) if re.search(FINISH, s, re.DOTALL))
+    final_write = log[finish:]
+    head_move = next(i for i, s in enumerate(final_write) if s.startswith("UPDATE conversations"))
+    assert any(s.startswith("INSERT INTO usage_counters") for s in final_write[:head_move])
+    assert not any(re.match(r"(INSERT|UPDATE|DELETE) ", s) for s in final_write[head_move + 1 :])
