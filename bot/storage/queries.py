@@ -174,7 +174,15 @@ def _insert_turn_and_event(columns: frozenset[str]) -> Any:
         .returning(_TURNS.c.id, _TURNS.c.conversation_id)
         .cte("new_turn")
     )
-    received_at = bindparam("received_at", type_=_EVENTS.c.received_at.type)
+    return _event_of(new_turn)
+
+
+def _event_of(new_turn: Any) -> Any:
+    """PostgreSQL: the inbound event's INSERT of the turn ``new_turn`` (a CTE) inserts.
+
+    Parameters ``event_channel``, ``event_id``, ``received_at``: not the event's column
+    names, which a statement around it may take for its own.
+    """
     return insert(_EVENTS).from_select(
         ["channel", "event_id", "conversation_id", "turn_id", "received_at"],
         select(
@@ -182,7 +190,7 @@ def _insert_turn_and_event(columns: frozenset[str]) -> Any:
             bindparam("event_id", type_=String),
             new_turn.c.conversation_id,
             new_turn.c.id,
-            received_at,
+            bindparam("received_at", type_=_EVENTS.c.received_at.type),
         ),
     )
 
@@ -269,21 +277,7 @@ def _slot_turn_and_event(columns: frozenset[str], *, announce: bool) -> Any:
         returned.append(
             func.pg_notify(bindparam("announce_channel", type_=String), _EVENTS.c.conversation_id)
         )
-    event = (
-        insert(_EVENTS)
-        .from_select(
-            ["channel", "event_id", "conversation_id", "turn_id", "received_at"],
-            select(
-                bindparam("event_channel", type_=String),
-                bindparam("event_id", type_=String),
-                new_turn.c.conversation_id,
-                new_turn.c.id,
-                bindparam("received_at", type_=_EVENTS.c.received_at.type),
-            ),
-        )
-        .returning(*returned)
-        .cte("event")
-    )
+    event = _event_of(new_turn).returning(*returned).cte("event")
     stored = select(func.count()).select_from(event).scalar_subquery()
     return select(slot.c.id, slot.c.persona, slot.c.next_turn_seq, stored)
 

@@ -186,6 +186,19 @@ async def test_a_message_sent_while_its_conversation_generates_waits_and_is_answ
         assert after.started_at >= before.finished_at
 
 
+def message(event_id: str, persona: str | None = None) -> InboundMessage:
+    """A message of user u to conversation c over the API (the accept-level tests)."""
+    return InboundMessage(
+        channel="api",
+        event_id=event_id,
+        owner="o",
+        conversation_key="c",
+        text="Hi",
+        user_id="u",
+        persona=persona,
+    )
+
+
 async def test_an_accept_is_two_statements_on_postgresql_and_a_redelivery_is_still_found(
     db_url: str,
 ) -> None:
@@ -196,16 +209,6 @@ async def test_an_accept_is_two_statements_on_postgresql_and_a_redelivery_is_sti
     service = TurnService(create_sessionmaker(engine), TurnStreams())
     service.schedule = lambda conversation_id: None  # type: ignore[method-assign]  # no engine
     service.fair_use = FairUse(LimitSettings())
-
-    def message(event_id: str) -> InboundMessage:
-        return InboundMessage(
-            channel="api",
-            event_id=event_id,
-            owner="o",
-            conversation_key="c",
-            text="Hi",
-            user_id="u",
-        )
 
     try:
         await service.accept(message("m1"))  # creates the conversation
@@ -242,17 +245,6 @@ async def test_an_ingress_only_accept_announces_its_turn_in_the_same_statement(
         make_url(pg_url).set(drivername="postgresql").render_as_string(hide_password=False)
     )
     await listener.add_listener(wakeups.CHANNEL, lambda *args: heard.put_nowait(args[-1]))
-
-    def message(event_id: str, persona: str | None = None) -> InboundMessage:
-        return InboundMessage(
-            channel="api",
-            event_id=event_id,
-            owner="o",
-            conversation_key="c",
-            text="Hi",
-            user_id="u",
-            persona=persona,
-        )
 
     async def announced() -> list[str]:
         """What the listener heard since last asked, once nothing more comes for 0.2 s."""
