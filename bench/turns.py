@@ -140,6 +140,7 @@ async def main(args: argparse.Namespace) -> None:
     key = await bench_key(db_url, "bench")
 
     steps_before = engine_steps()
+    cpu_before = time.process_time()
     chats: Chats
     if args.client_in_process:
         chats = await run_chats(
@@ -151,6 +152,7 @@ async def main(args: argparse.Namespace) -> None:
         )
     per_conversation, service_wall = chats.conversations, chats.wall_s
     steps_service = engine_steps()
+    cpu_service = time.process_time() - cpu_before
     results = [result for conversation in per_conversation for result in conversation]
     failures = [r for r in results if r.get("kind") != "done"]
 
@@ -158,10 +160,12 @@ async def main(args: argparse.Namespace) -> None:
     prompts = await stored_prompts(db_url)
     await engine.llm.reset_prefix_cache()
     started = time.perf_counter()
+    cpu_before = time.process_time()
     direct_times = await asyncio.gather(
         *(direct(engine, [p for _, p in seqs], args.max_tokens) for seqs in prompts.values())
     )
     direct_wall = time.perf_counter() - started
+    cpu_direct = time.process_time() - cpu_before
     steps_direct = engine_steps()
 
     # Cache share: turn n's cached tokens vs the full blocks of turn n-1's prompt + reply.
@@ -243,6 +247,9 @@ async def main(args: argparse.Namespace) -> None:
     print(f"engine direct {direct_e2e:.0f} ms, ratio {e2e_ratio:.2f}")
     print(f"wall clock: service {service_wall:.2f} s, engine direct {direct_wall:.2f} s", end="")
     print(f", ratio {wall_ratio:.2f}")
+    # This process's CPU (service and the engine's client side; the engine core and its
+    # worker are processes of their own): what the service adds on the CPU it shares.
+    print(f"this process's CPU: service {cpu_service:.2f} s, engine direct {cpu_direct:.2f} s")
     # Why the ratio: the same tokens in more, emptier steps when the chats' turns start
     # at their own times (through the service) instead of all at once (direct).
     for name, (steps, tokens), (steps_then, tokens_then), wall in (
