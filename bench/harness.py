@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import sys
+import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from pathlib import Path
@@ -169,6 +170,47 @@ class LoopLag:
         return self.samples_ms
 
 
+class CpuWaits:
+    """How long given threads ran and how long they were runnable but waited for a CPU.
+
+    Read off Linux's ``/proc/PID/task/TID/schedstat`` (time on a CPU, time waiting on
+    a run queue, in ns) at ``start`` and ``stop``. A loop that is late (``LoopLag``)
+    while its thread waited on the run queue was not given a CPU: another process or
+    thread had it. A late loop whose thread did not wait had more work than time.
+    """
+
+    def __init__(self, threads: dict[str, tuple[int, int]]) -> None:
+        self._threads = threads  # name -> (pid, tid)
+        self._started: dict[str, tuple[int, int]] = {}
+        self._wall_started = 0.0
+
+    def _read(self) -> dict[str, tuple[int, int]]:
+        read: dict[str, tuple[int, int]] = {}
+        for name, (pid, tid) in self._threads.items():
+            with contextlib.suppress(OSError):
+                fields = Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()
+                read[name] = (int(fields[0]), int(fields[1]))
+        return read
+
+    def start(self) -> None:
+        self._started = self._read()
+        self._wall_started = time.perf_counter()
+
+    def stop(self) -> list[str]:
+        """One line a thread: ms on a CPU, ms waiting for one, the wait's share of the wall."""
+        wall_ms = (time.perf_counter() - self._wall_started) * 1000
+        lines = []
+        for name, (ran, waited) in self._read().items():
+            ran0, waited0 = self._started.get(name, (ran, waited))
+            ran_ms, waited_ms = (ran - ran0) / 1e6, (waited - waited0) / 1e6
+            lines.append(
+                f"{name} on a CPU {ran_ms:.0f} ms, runnable but waiting for one"
+                f" {waited_ms:.0f} ms ({100 * waited_ms / max(wall_ms, 1e-9):.1f} % of"
+                f" {wall_ms / 1000:.1f} s)"
+            )
+        return lines
+
+
 LINE_LIMIT = 2**26
 """One answer is one line: 4000 arrivals of bench/load.py take about 120 kB."""
 
@@ -188,6 +230,10 @@ class JsonLinesProcess:
         self._command = [sys.executable, str(Path(script).resolve()), *args]
         self._env = {**os.environ, **env}
         self._process: asyncio.subprocess.Process | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._process is None else self._process.pid
 
     async def ask(self, request: Any) -> Any:
         """Send one request, wait for its answer."""

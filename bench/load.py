@@ -18,7 +18,11 @@ for that loop and show in the ack, which is not what an outside client sees.
 
 Prints, per rate and channel: messages sent, ack p50/p99/max, refused (not
 acknowledged) and lost (acknowledged but without a final turn once the engine
-has drained; must be 0), then the first rate whose ack p99 passes 25 ms.
+has drained; must be 0), the service's event-loop lag while they arrived and, for
+the loop's thread (and the ingress and client processes' main threads), the time
+on a CPU and the time runnable but waiting for one (Linux's schedstat): a late
+loop whose thread waited was not given the CPU; then the first rate whose ack p99
+passes 25 ms.
 
 ``--engine-server`` moves the engine out of the service's process: a real vLLM
 OpenAI server (tests/vllm_servers.py) on its own core, reached as
@@ -48,6 +52,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 import uuid
@@ -56,6 +61,7 @@ from typing import Any
 
 from harness import (
     LOOPS,
+    CpuWaits,
     LoopLag,
     bench_key,
     engine_processes,
@@ -323,11 +329,19 @@ async def run(args: argparse.Namespace, workdir: Path, db_url: str) -> None:
             await drain(app[TURNS], db_url, since, args.drain_s)
             for channel, _, status in warmup:
                 accepted[channel] += status in (200, 202)
+            threads = {"service loop thread": (os.getpid(), threading.get_native_id())}
+            if ingress is not None:
+                threads["ingress process's main thread"] = (ingress.pid, ingress.pid)
+            if isinstance(client, SubprocessClient) and client.pid is not None:
+                threads["client process's main thread"] = (client.pid, client.pid)
+            cpu_waits = CpuWaits(threads)
             for rate in rates:
                 batch = f"{run}{rate:g}".replace(".", "")
                 lag.start()
+                cpu_waits.start()
                 results = await client.send(Plan(rate, args.seconds, args.conversations, batch))
                 lags = lag.stop()
+                waits = cpu_waits.stop()
                 await drain(app[TURNS], db_url, since, args.drain_s)
                 finals = await final_turns(db_url, since)
                 for channel, _, status in results:
@@ -342,6 +356,8 @@ async def run(args: argparse.Namespace, workdir: Path, db_url: str) -> None:
                     f"{'':6}  loop lag while they arrived: p50 {percentile(lags, 50):.1f}"
                     f" p99 {percentile(lags, 99):.1f} max {max(lags, default=0):.1f} ms"
                 )
+                for line in waits:
+                    print(f"{'':6}  {line}")
                 if first_over is None and p99 > ACK_P99_GOAL_MS:
                     first_over = rate
     finally:

@@ -194,6 +194,10 @@ class SubprocessClient:
         args = [base, ",".join(channels), "--loop", loop]
         self._process = JsonLinesProcess(__file__, args, {KEY_ENV: key})
 
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid
+
     async def send(self, plan: Plan) -> list[Ack]:
         results = await self._process.ask(asdict(plan))
         return [(channel, ms, status) for channel, ms, status in results]
