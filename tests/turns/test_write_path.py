@@ -54,6 +54,13 @@ async def final_kind(client: TestClient[Any, Any], key: str, turn_id: str) -> st
     return events[-1].kind
 
 
+async def answered(client: TestClient[Any, Any], key: str, message_id: str) -> None:
+    """Send a message, read its turn to the end (done) and wait until the worker is idle."""
+    accepted = await send(client, key, message_id)
+    assert await final_kind(client, key, (await accepted.json())["turn_id"]) == "done"
+    await client.app[TURNS].wait_idle(30)
+
+
 async def test_an_accept_refused_at_its_turn_number_stores_nothing_and_numbers_stay_gapless(
     db_url: str, make_client: MakeClient, faults: list[WriteFaults]
 ) -> None:
@@ -92,9 +99,7 @@ async def test_on_sqlite_a_turn_takes_the_write_lock_to_be_accepted_and_ended_on
         return  # PostgreSQL has row locks: no one write lock to queue on
     client = await make_client(db_url)
     key = await issue_key(db_url)
-    warm = await send(client, key, "m0")
-    assert await final_kind(client, key, (await warm.json())["turn_id"]) == "done"
-    await client.app[TURNS].wait_idle(30)
+    await answered(client, key, "m0")
 
     # Each transaction as it begins (a write one takes the lock at BEGIN), then its
     # statements: a write transaction's BEGIN is not a statement SQLAlchemy sees.
@@ -107,9 +112,7 @@ async def test_on_sqlite_a_turn_takes_the_write_lock_to_be_accepted_and_ended_on
 
         event.listen(sync_engine, "begin", begin)
         try:
-            accepted = await send(client, key, "m1")
-            assert await final_kind(client, key, (await accepted.json())["turn_id"]) == "done"
-            await client.app[TURNS].wait_idle(30)
+            await answered(client, key, "m1")
         finally:
             event.remove(sync_engine, "begin", begin)
 
@@ -125,14 +128,10 @@ async def test_a_conversations_next_turn_reads_its_head_and_not_its_path(
     client = await make_client(db_url)
     key = await issue_key(db_url)
     for message_id in ("m0", "m1"):
-        accepted = await send(client, key, message_id)
-        assert await final_kind(client, key, (await accepted.json())["turn_id"]) == "done"
-    await client.app[TURNS].wait_idle(30)
+        await answered(client, key, message_id)
 
     with recorded_statements(client.app[SESSIONS].kw["bind"].sync_engine) as statements:
-        accepted = await send(client, key, "m2")
-        assert await final_kind(client, key, (await accepted.json())["turn_id"]) == "done"
-        await client.app[TURNS].wait_idle(30)
+        await answered(client, key, "m2")
 
     # The entries the last turn stored are known since its final write committed: the
     # history read is its head's, no walk of the path (one recursive query).
@@ -285,15 +284,11 @@ async def test_a_final_write_moves_its_conversations_head_last(
     between the head move and the commit."""
     client = await make_client(db_url)
     key = await issue_key(db_url)
-    warm = await send(client, key, "m0")
-    assert await final_kind(client, key, (await warm.json())["turn_id"]) == "done"
-    await client.app[TURNS].wait_idle(30)
+    await answered(client, key, "m0")
 
     sync_engine = client.app[SESSIONS].kw["bind"].sync_engine
     with recorded_statements(sync_engine) as log:
-        sent = await send(client, key, "m1")
-        assert await final_kind(client, key, (await sent.json())["turn_id"]) == "done"
-        await client.app[TURNS].wait_idle(30)
+        await answered(client, key, "m1")
     finish = next(i for i, s in enumerate(log) if re.search(FINISH, s, re.DOTALL))
     final_write = log[finish:]
     head_move = next(i for i, s in enumerate(final_write) if s.startswith("UPDATE conversations"))
