@@ -4,10 +4,14 @@ Open-loop (Poisson) arrivals at each given rate, spread over many conversations
 and, in turn, over the ways in (``--channels``): POST /v1/messages with an API
 key, Telegram's webhook with its secret header and Slack's Events API signed
 with slack_sdk's own signer, while the turns they create generate on the real
-engine (demo model). Telegram's and Slack's side is played by the strict fakes
-of the test suite (tests/fakes/). A client that waits for the ack before
-sending the next message would hide a slow ack behind its own pacing: here a
-message leaves at its scheduled time whatever the earlier ones are doing.
+engine (demo model). A client that waits for the ack before sending the next
+message would hide a slow ack behind its own pacing: here a message leaves at its
+scheduled time whatever the earlier ones are doing.
+
+Telegram's and Slack's side is played by the strict fakes of the test suite
+(tests/fakes/), served from a process of their own (bench/platform_fakes.py), as
+the real platforms answer from elsewhere; ``--fakes-in-process`` serves them from
+the service's loop as before, to compare.
 
 The arrivals are sent from a separate process with its own event loop
 (bench/load_client.py); this process only serves. A client outside the service
@@ -19,7 +23,7 @@ for that loop and show in the ack, which is not what an outside client sees.
 Prints, per rate and channel: messages sent, ack p50/p99/max, refused (not
 acknowledged) and lost (acknowledged but without a final turn once the engine
 has drained; must be 0), the service's event-loop lag while they arrived and, for
-the loop's thread (and the ingress and client processes' main threads), the time
+the loop's thread (and the ingress, client and fakes processes' main threads), the time
 on a CPU and the time runnable but waiting for one (Linux's schedstat): a late
 loop whose thread waited was not given the CPU; then the first rate whose ack p99
 passes 25 ms.
@@ -71,15 +75,22 @@ from harness import (
     serve_on_loopback,
 )
 from load_client import (
-    SLACK_BOT_USER,
     SLACK_SIGNING_SECRET,
-    SLACK_USER,
     TELEGRAM_BOT,
     TELEGRAM_SECRET,
     InProcessClient,
     LoadClient,
     Plan,
     SubprocessClient,
+)
+from platform_fakes import (
+    SLACK_TOKEN,
+    TELEGRAM_TOKEN,
+    TELEGRAM_USERNAME,
+    FakesProcess,
+    FakeUrls,
+    InProcessFakes,
+    PlatformFakes,
 )
 from sqlalchemy import func, select
 
@@ -96,8 +107,6 @@ from bot.storage.models import Turn, TurnStatus
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.fakes.slack_api import FakeSlackApi
-from tests.fakes.telegram_api import FakeTelegram
 from tests.vllm_servers import (
     API_KEY,
     SERVED_MODEL_NAME,
@@ -109,9 +118,6 @@ from tests.vllm_servers import (
 
 ACK_P99_GOAL_MS = 25.0
 CHANNELS = ("api", "telegram", "slack")
-TELEGRAM_TOKEN = "7000000002:AAHdqTcvCH1vGWJxfSeofSAs0K5PALDload"
-SLACK_TOKEN = "xoxb-load-0001"
-SLACK_TEAM = "T0001TEAM"
 SLACK_APP = "A0001APP"
 
 
@@ -199,7 +205,7 @@ def start_ingress_process(
     raise SystemExit(f"the ingress process was not ready in 120 s: see {log_path}")
 
 
-def platform_settings(telegram: FakeTelegram, slack: FakeSlackApi) -> dict[str, Any]:
+def platform_settings(urls: FakeUrls) -> dict[str, Any]:
     # The replies are paced as in production (the settings' defaults, the platforms'
     # limits): a reply edited every 50 ms would make ~20 times the platform calls a
     # real chat makes, all of them on the service's loop beside the acks.
@@ -207,14 +213,14 @@ def platform_settings(telegram: FakeTelegram, slack: FakeSlackApi) -> dict[str, 
         "name": TELEGRAM_BOT,
         "token": TELEGRAM_TOKEN,
         "secret_token": TELEGRAM_SECRET,
-        "api_base_url": telegram.base_url,
-        "username": "LoadBot",
+        "api_base_url": urls.telegram,
+        "username": TELEGRAM_USERNAME,
     }
     app = {
         "name": "main",
         "signing_secret": SLACK_SIGNING_SECRET,
         "bot_token": SLACK_TOKEN,
-        "api_base_url": slack.base_url,
+        "api_base_url": urls.slack,
         "app_id": SLACK_APP,
     }
     return {"telegram": [bot], "slack": [app]}
@@ -245,13 +251,10 @@ async def run(args: argparse.Namespace, workdir: Path, db_url: str) -> None:
     if unknown or not channels:
         raise SystemExit(f"--channels: pick from {', '.join(CHANNELS)}")
     model = build_demo_model(Path(args.model_dir))
-    telegram = FakeTelegram()
-    await telegram.__aenter__()
-    telegram.add_bot(TELEGRAM_TOKEN, "LoadBot")
-    slack = FakeSlackApi()
-    slack.add_workspace(SLACK_TOKEN, SLACK_TEAM, bot_user_id=SLACK_BOT_USER)
-    slack.add_user(SLACK_TEAM, SLACK_USER, display_name="Alice")
-    await slack.start()
+    fakes: PlatformFakes = (
+        InProcessFakes() if args.fakes_in_process else FakesProcess(args.client_loop)
+    )
+    await fakes.__aenter__()
     engine_section: dict[str, Any] = {
         "model": str(model),
         "dtype": "float32",
@@ -276,7 +279,7 @@ async def run(args: argparse.Namespace, workdir: Path, db_url: str) -> None:
         "generation": {"max_tokens": args.max_tokens, "temperature": 0.0, "top_p": 1.0},
         "logging": {"level": "WARNING", "format": "json"},
         "limits": {"messages_per_minute": 0, "tokens_per_day": 0},
-        **platform_settings(telegram, slack),
+        **platform_settings(fakes.urls),
     }
     settings = load_settings(None, **sections)
     engine: InferenceEngine = (
@@ -334,6 +337,8 @@ async def run(args: argparse.Namespace, workdir: Path, db_url: str) -> None:
                 threads["ingress process's main thread"] = (ingress.pid, ingress.pid)
             if isinstance(client, SubprocessClient) and client.pid is not None:
                 threads["client process's main thread"] = (client.pid, client.pid)
+            if fakes.pid is not None:
+                threads["platform fakes' main thread"] = (fakes.pid, fakes.pid)
             cpu_waits = CpuWaits(threads)
             for rate in rates:
                 batch = f"{run}{rate:g}".replace(".", "")
@@ -368,8 +373,7 @@ async def run(args: argparse.Namespace, workdir: Path, db_url: str) -> None:
         await engine.shutdown()
         if server:
             server.stop()
-        await slack.close()
-        await telegram.__aexit__(None, None, None)
+        await fakes.__aexit__(None, None, None)
     if first_over is None:
         print(f"ack p99 stayed within {ACK_P99_GOAL_MS:g} ms at every rate tried")
     else:
@@ -411,6 +415,11 @@ if __name__ == "__main__":
         "--client-in-process",
         action="store_true",
         help="send the arrivals from the service's own event loop (not a separate process)",
+    )
+    parser.add_argument(
+        "--fakes-in-process",
+        action="store_true",
+        help="serve Telegram's and Slack's fakes from the service's loop (not a process)",
     )
     parser.add_argument(
         "--engine-server",
