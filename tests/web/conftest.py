@@ -8,7 +8,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
 from playwright.async_api import Browser, Page
+
+from bot.web.routes import STATIC_DIR, index
 
 CHROMIUM = Path(os.environ.get("BOT_TEST_CHROMIUM", "/usr/bin/chromium"))
 # This machine has no network: every background connection Chromium would make must be off.
@@ -41,6 +45,25 @@ async def browser() -> AsyncIterator[Browser]:
         )
         yield launched
         await launched.close()
+
+
+@pytest.fixture
+async def page(browser: Browser) -> AsyncIterator[Page]:
+    """The page's own files alone, served on loopback: for its modules, run in the browser."""
+    app = web.Application()
+    app.router.add_get("/", index)
+    app.router.add_static("/static/", STATIC_DIR)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    context = await browser.new_context()
+    opened = await context.new_page()
+    errors: list[Any] = []
+    opened.on("pageerror", lambda error: errors.append(error))
+    await opened.goto(str(server.make_url("/")))
+    yield opened
+    assert not errors, errors
+    await context.close()
+    await server.close()
 
 
 @pytest.fixture

@@ -7,15 +7,8 @@ runs it, on what a chat model writes and on what an attacker would make it write
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from typing import Any
-
 import pytest
-from aiohttp import web
-from aiohttp.test_utils import TestServer
-from playwright.async_api import Browser, Page
-
-from bot.web.routes import STATIC_DIR, index
+from playwright.async_api import Page
 
 pytestmark = pytest.mark.browser
 
@@ -60,24 +53,6 @@ async (text) => {
   return box.innerHTML;
 }
 """
-
-
-@pytest.fixture
-async def page(browser: Browser) -> AsyncIterator[Page]:
-    app = web.Application()
-    app.router.add_get("/", index)
-    app.router.add_static("/static/", STATIC_DIR)
-    server = TestServer(app, host="127.0.0.1")
-    await server.start_server()
-    context = await browser.new_context()
-    opened = await context.new_page()
-    errors: list[Any] = []
-    opened.on("pageerror", lambda error: errors.append(error))
-    await opened.goto(str(server.make_url("/")))
-    yield opened
-    assert not errors, errors
-    await context.close()
-    await server.close()
 
 
 async def test_a_model_reply_is_formatted(page: Page) -> None:
