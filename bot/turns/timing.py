@@ -9,7 +9,9 @@ from contextlib import contextmanager
 # The canonical layers of the ``turn`` log line, in order. ``wait`` is time
 # spent behind earlier turns of the same conversation (they run strictly in order);
 # ``start`` the turn's start (queued -> running), on SQLite mostly its wait for the
-# write lock behind other conversations' accepts and final writes.
+# write lock behind other conversations' accepts and final writes; ``compact`` a long
+# conversation's switch to a shorter base (``bot.turns.compaction``), 0 in most turns.
+# The web page's timing bar names each of them (bot/web/static/timing.js).
 LAYERS = (
     "ingress",
     "auth",
@@ -18,6 +20,7 @@ LAYERS = (
     "start",
     "history",
     "tokenize",
+    "compact",
     "queue",
     "prefill",
     "decode",

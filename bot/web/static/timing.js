@@ -1,17 +1,34 @@
 // The per-reply picture of where the time went: a bar split by layer, TTFT, tokens/s, cache.
 
+// The server's layers (bot/turns/timing.py's LAYERS), in its order, with what each means.
 const LAYERS = [
   ["ingress", "Ingress (read and parse the request)"],
   ["auth", "API key check"],
   ["persist", "Store the message"],
   ["wait", "Wait for the previous turn"],
+  ["start", "Start the turn (wait for the database's write lock)"],
   ["history", "Load and store history"],
   ["tokenize", "Tokenize the new message"],
+  ["compact", "Switch a long chat to its shorter summary base"],
   ["queue", "Engine queue"],
   ["prefill", "Prefill (prompt tokens not in the cache)"],
   ["decode", "Decode (generate the reply)"],
   ["deliver", "Deliver the text"],
 ];
+
+const NOT_LAYERS = new Set(["ttft", "e2e"]);
+
+// Every layer the turn spent time in: the known ones in order, then any the page does
+// not know yet (a newer server's), under their own names, so the bar still adds up.
+function layersIn(timings) {
+  const known = new Set(LAYERS.map(([name]) => name));
+  const others = Object.keys(timings)
+    .filter((name) => !known.has(name) && !NOT_LAYERS.has(name))
+    .map((name) => [name, name]);
+  return [...LAYERS, ...others].filter(
+    ([name]) => typeof timings[name] === "number" && timings[name] > 0,
+  );
+}
 
 const TOP_SHARE = 0.08;
 const TOP_COUNT = 4;
@@ -28,7 +45,7 @@ export function renderTiming(usage = {}, timings = {}) {
   const figure = document.createElement("figure");
   figure.className = "timing";
 
-  const present = LAYERS.filter(([name]) => (timings[name] || 0) > 0);
+  const present = layersIn(timings);
   const total = present.reduce((sum, [name]) => sum + timings[name], 0);
   const bar = document.createElement("div");
   bar.className = "timing-bar";
