@@ -147,6 +147,9 @@ class Preparation:
         self._plan = plan
         self._reasoning_dropped = reasoning_dropped
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        """Each conversation's latest preparation: the switch turn waits for it."""
+        self._warms: set[asyncio.Task[None]] = set()
+        """Prefills that only keep a prepared base in the prefix cache: nothing waits for them."""
 
     @property
     def reserve(self) -> int:
@@ -187,14 +190,20 @@ class Preparation:
         task.add_done_callback(forget)
 
     async def settle(self, conversation_id: str) -> None:
-        """Wait for this process's background work on the conversation (its prefill included)."""
+        """Wait for this process's preparation of the conversation, not for a warm-up prefill.
+
+        A warm-up still under way when the next turn comes (turns back to back) is not
+        waited for: the turn's own prompt starts with the same ids, so the engine reuses
+        whatever blocks the warm-up has computed by then and computes the rest once, for
+        both. Waiting would add the warm-up's round trip to the turn's first token.
+        """
         task = self._tasks.get(conversation_id)
         if task is not None:
             await asyncio.gather(asyncio.shield(task), return_exceptions=True)
 
     async def close(self) -> None:
         """Stop background work (shutdown): a half-done preparation is simply never ready."""
-        tasks = list(self._tasks.values())
+        tasks = [*self._tasks.values(), *self._warms]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -238,7 +247,7 @@ class Preparation:
         if row is not None and row.ready:
             rolled = self._roll_forward(row, base_seq, history, path)
             if rolled is not None:
-                await self._warm(conversation_id, rolled[0], cache_salt)
+                self._warm_soon(conversation_id, rolled[0], cache_salt)
                 return
             log.info("prepared_base_stale", conversation_id=conversation_id)
         elif row is not None and as_utc(row.lease_until) > utcnow():
@@ -276,7 +285,7 @@ class Preparation:
             kept_exchanges=plan.kept_exchanges,
             summary_tokens=plan.summary_tokens,
         )
-        await self._warm(conversation_id, plan.base_ids, cache_salt)
+        self._warm_soon(conversation_id, plan.base_ids, cache_salt)
 
     async def _claim(
         self,
@@ -342,10 +351,18 @@ class Preparation:
             )
             return bool(getattr(result, "rowcount", 0) == 1)
 
-    async def _warm(self, conversation_id: str, ids: list[int], cache_salt: str | None) -> None:
-        """Prefill ``ids`` so that their whole blocks sit in the engine's prefix cache."""
+    def _warm_soon(self, conversation_id: str, ids: list[int], cache_salt: str | None) -> None:
+        """Start ``_warm`` as a task of its own, off the preparation that ``settle`` waits for."""
         if len(ids) + 1 > self._engine.max_model_len:
             return
+        task = asyncio.create_task(
+            self._warm(conversation_id, ids, cache_salt), name=f"warm-base-{conversation_id}"
+        )
+        self._warms.add(task)
+        task.add_done_callback(self._warms.discard)
+
+    async def _warm(self, conversation_id: str, ids: list[int], cache_salt: str | None) -> None:
+        """Prefill ``ids`` so that their whole blocks sit in the engine's prefix cache."""
         request = GenerationRequest(
             request_id=f"prepare-{uuid.uuid4().hex}:prefill",
             prompt_token_ids=ids,
@@ -355,8 +372,16 @@ class Preparation:
             cache_salt=cache_salt,
             session_key=conversation_id,
         )
-        async for _ in self._engine.generate(request):
-            pass
+        try:
+            async for _ in self._engine.generate(request):
+                pass
+        except Exception as exc:
+            # Only the switch turn's speed depends on it: it prefills the base itself.
+            log.warning(
+                "base_warm_failed",
+                conversation_id=conversation_id,
+                error=f"{type(exc).__name__}: {exc}",
+            )
 
     # -- at the switch ------------------------------------------------------------------
 

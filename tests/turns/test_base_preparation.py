@@ -11,7 +11,7 @@ import structlog
 from sqlalchemy import select, update
 
 from bot.config import EngineSettings
-from bot.engine.base import GenerationChunk, GenerationRequest
+from bot.engine.base import GenerationChunk, GenerationRequest, InferenceEngine
 from bot.engine.vllm_local import LocalVLLMEngine
 from bot.errors import EngineError, ErrorClass
 from bot.http.keys import TURNS
@@ -24,6 +24,7 @@ from bot.turns.compaction import Compactor
 from bot.turns.preparation import digest
 from tests.conftest import TEST_BLOCK_SIZE, TEST_MAX_MODEL_LEN, MakeClient, issue_key, make_settings
 from tests.engine_spy import RecordingEngine
+from tests.engines import PassThroughEngine
 from tests.helpers import auth, load_turns, read_sse
 
 HIGH = 0.5
@@ -120,6 +121,9 @@ async def test_the_switch_turn_finds_its_prepared_base_in_the_prefix_cache(
     with structlog.testing.capture_logs() as logs:
         for i in range(turns):
             await _say(client, key, i)
+            # A user's pause: the background work of the turn (preparing the next base,
+            # keeping it warm) is done before the next message; no turn waits for a warm-up.
+            await _settled(client)
 
     rows = sorted(await load_turns(db_url), key=lambda turn: turn.seq)
     assert [row.status for row in rows] == ["done"] * turns
@@ -155,6 +159,52 @@ async def test_the_switch_turn_finds_its_prepared_base_in_the_prefix_cache(
         )
         # The compaction layer no longer waits for a summary.
         assert row.layer_ms["compact"] < 1000
+
+
+class HeldWarmUps(PassThroughEngine):
+    """The real engine; a prepared base's warm-up prefill is held back ``hold_s`` first."""
+
+    def __init__(self, engine: InferenceEngine, hold_s: float) -> None:
+        super().__init__(engine)
+        self.hold_s = hold_s
+        self.held = 0
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
+        rid = request.request_id
+        if rid.startswith("prepare-") and rid.endswith(":prefill"):
+            self.held += 1
+            await asyncio.sleep(self.hold_s)
+        async for chunk in self._engine.generate(request):
+            yield chunk
+
+
+async def test_a_switch_turn_right_after_the_last_does_not_wait_for_the_warm_up(
+    db_url: str, make_client: MakeClient, engine: LocalVLLMEngine
+) -> None:
+    """Messages back to back: the previous turn's warm-up of the prepared base is still
+    under way when the switch turn starts. The turn sends its prompt at once (the engine
+    reuses whatever the warm-up has computed): its first token is not held up."""
+    hold_s = 3.0
+    held = HeldWarmUps(engine, hold_s)
+    client = await make_client(db_url, engine_override=held, **_sections())
+    key = await issue_key(db_url)
+    with structlog.testing.capture_logs() as logs:
+        for i in range(40):
+            await _say(client, key, i)
+            if await _compaction_turns(db_url):
+                break
+
+    [(_, switch_id)] = await _compaction_turns(db_url)
+    [line] = [line for line in logs if line["event"] == "compaction"]
+    assert line["turn_id"] == switch_id and line["prepared"] is True
+    assert held.held >= 2  # the fresh base's warm-up, then the previous turn's
+    rows = {row.id: row for row in await load_turns(db_url)}
+    assert all(row.status == "done" for row in rows.values())
+    switch = rows[switch_id]
+    assert switch.layer_ms["compact"] < hold_s * 1000 / 3, switch.layer_ms
+    assert switch.layer_ms["ttft"] < hold_s * 1000 / 3, switch.layer_ms
+    # It switched while warm-ups were under way: the last turns' are still held.
+    assert _preparation(client)._warms
 
 
 async def _prepared_from_other_ids(db_url: str, row: PreparedBase) -> None:
@@ -389,14 +439,19 @@ async def _path_to_head(db_url: str) -> tuple[list[Message], int | None]:
     return path, conversation.head_seq
 
 
+def _preparation(client: Any) -> Any:
+    return client.app[TURNS]._runner.policy.compactor._preparation
+
+
 async def _settled(client: Any) -> None:
-    """Wait for this app's background preparations (they start as a turn ends)."""
-    preparation = client.app[TURNS]._runner.policy.compactor._preparation
+    """Wait for this app's background preparations and warm-ups (they start as a turn ends)."""
+    preparation = _preparation(client)
     for _ in range(100):
         await asyncio.sleep(0.02)
-        if not preparation._tasks:
+        pending = [*preparation._tasks.values(), *preparation._warms]
+        if not pending:
             return
-        await asyncio.gather(*preparation._tasks.values(), return_exceptions=True)
+        await asyncio.gather(*pending, return_exceptions=True)
     raise AssertionError("background preparations did not settle")
 
 
