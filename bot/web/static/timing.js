@@ -6,7 +6,7 @@ const LAYERS = [
   ["auth", "API key check"],
   ["persist", "Store the message"],
   ["wait", "Wait for the previous turn"],
-  ["start", "Start the turn (wait for the database's write lock)"],
+  ["start", "Start the turn (its database write, lock waits included)"],
   ["history", "Load and store history"],
   ["tokenize", "Tokenize the new message"],
   ["compact", "Switch a long chat to its shorter summary base"],
