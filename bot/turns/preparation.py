@@ -170,7 +170,8 @@ class Preparation:
     ) -> None:
         """A turn ended with ``tokens`` in its prompt + reply: prepare or warm, in the background.
 
-        Work for one conversation runs one piece at a time, in order.
+        Preparations of one conversation run one at a time, in order; each warm-up
+        prefill they start runs as a task of its own (``_warm_soon``).
         """
         if not self._settings.prepare_ahead:
             return

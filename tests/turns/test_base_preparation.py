@@ -207,6 +207,37 @@ async def test_a_switch_turn_right_after_the_last_does_not_wait_for_the_warm_up(
     assert _preparation(client)._warms
 
 
+class FailingWarmUps(PassThroughEngine):
+    """The real engine; a prepared base's warm-up prefill fails (the engine refuses it)."""
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
+        rid = request.request_id
+        if rid.startswith("prepare-") and rid.endswith(":prefill"):
+            raise EngineError(ErrorClass.ENGINE_UNAVAILABLE, "connection refused (test)")
+        async for chunk in self._engine.generate(request):
+            yield chunk
+
+
+async def test_failed_warm_ups_are_logged_and_the_switch_still_uses_the_prepared_base(
+    db_url: str, make_client: MakeClient, engine: LocalVLLMEngine
+) -> None:
+    client = await make_client(db_url, engine_override=FailingWarmUps(engine), **_sections())
+    key = await issue_key(db_url)
+    with structlog.testing.capture_logs() as logs:
+        for i in range(40):
+            await _say(client, key, i)
+            await _settled(client)
+            if await _compaction_turns(db_url):
+                break
+
+    [line] = [line for line in logs if line["event"] == "compaction"]
+    assert line["prepared"] is True
+    failed = [line for line in logs if line["event"] == "base_warm_failed"]
+    assert failed and all("connection refused" in line["error"] for line in failed)
+    assert not [line for line in logs if line["event"] == "base_preparation_failed"]
+    assert all(turn.status == "done" for turn in await load_turns(db_url))
+
+
 async def _prepared_from_other_ids(db_url: str, row: PreparedBase) -> None:
     """The row covers ids that are not the history's (prepared from another view of it).
 
