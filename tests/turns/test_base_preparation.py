@@ -161,6 +161,22 @@ async def test_the_switch_turn_finds_its_prepared_base_in_the_prefix_cache(
         assert row.layer_ms["compact"] < 1000
 
 
+def _is_warm_up(request: GenerationRequest) -> bool:
+    """A prepared base's warm-up prefill (``Preparation._warm``'s request id)."""
+    return request.request_id.startswith("prepare-") and request.request_id.endswith(":prefill")
+
+
+async def _until_first_switch(client: Any, key: str, db_url: str, *, pause: bool) -> None:
+    """Messages until a turn switches bases; ``pause``: wait for background work between."""
+    for i in range(40):
+        await _say(client, key, i)
+        if pause:
+            await _settled(client)
+        if await _compaction_turns(db_url):
+            return
+    raise AssertionError("no turn switched bases in 40 turns")
+
+
 class HeldWarmUps(PassThroughEngine):
     """The real engine; a prepared base's warm-up prefill is held back ``hold_s`` first."""
 
@@ -170,8 +186,7 @@ class HeldWarmUps(PassThroughEngine):
         self.held = 0
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
-        rid = request.request_id
-        if rid.startswith("prepare-") and rid.endswith(":prefill"):
+        if _is_warm_up(request):
             self.held += 1
             await asyncio.sleep(self.hold_s)
         async for chunk in self._engine.generate(request):
@@ -189,10 +204,7 @@ async def test_a_switch_turn_right_after_the_last_does_not_wait_for_the_warm_up(
     client = await make_client(db_url, engine_override=held, **_sections())
     key = await issue_key(db_url)
     with structlog.testing.capture_logs() as logs:
-        for i in range(40):
-            await _say(client, key, i)
-            if await _compaction_turns(db_url):
-                break
+        await _until_first_switch(client, key, db_url, pause=False)
 
     [(_, switch_id)] = await _compaction_turns(db_url)
     [line] = [line for line in logs if line["event"] == "compaction"]
@@ -211,8 +223,7 @@ class FailingWarmUps(PassThroughEngine):
     """The real engine; a prepared base's warm-up prefill fails (the engine refuses it)."""
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
-        rid = request.request_id
-        if rid.startswith("prepare-") and rid.endswith(":prefill"):
+        if _is_warm_up(request):
             raise EngineError(ErrorClass.ENGINE_UNAVAILABLE, "connection refused (test)")
         async for chunk in self._engine.generate(request):
             yield chunk
@@ -224,11 +235,7 @@ async def test_failed_warm_ups_are_logged_and_the_switch_still_uses_the_prepared
     client = await make_client(db_url, engine_override=FailingWarmUps(engine), **_sections())
     key = await issue_key(db_url)
     with structlog.testing.capture_logs() as logs:
-        for i in range(40):
-            await _say(client, key, i)
-            await _settled(client)
-            if await _compaction_turns(db_url):
-                break
+        await _until_first_switch(client, key, db_url, pause=True)
 
     [line] = [line for line in logs if line["event"] == "compaction"]
     assert line["prepared"] is True

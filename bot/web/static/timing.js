@@ -16,14 +16,14 @@ const LAYERS = [
   ["deliver", "Deliver the text"],
 ];
 
-const NOT_LAYERS = new Set(["ttft", "e2e"]);
+// Names in a turn's timings the page already places: its layers, and the two totals.
+const PLACED = new Set([...LAYERS.map(([name]) => name), "ttft", "e2e"]);
 
 // Every layer the turn spent time in: the known ones in order, then any the page does
 // not know yet (a newer server's), under their own names, so the bar still adds up.
 function layersIn(timings) {
-  const known = new Set(LAYERS.map(([name]) => name));
   const others = Object.keys(timings)
-    .filter((name) => !known.has(name) && !NOT_LAYERS.has(name))
+    .filter((name) => !PLACED.has(name))
     .map((name) => [name, name]);
   return [...LAYERS, ...others].filter(
     ([name]) => typeof timings[name] === "number" && timings[name] > 0,
