@@ -7,6 +7,7 @@ folder is first on ``sys.path``.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import json
@@ -24,9 +25,35 @@ from aiohttp import web
 from sqlalchemy.engine import make_url
 
 from bot.apikeys import create_key
+from bot.demo_model import build_demo_model
 from bot.engine.process_priority import ENGINE_CORE_TITLE, WORKER_TITLE, descendants, titled
 from bot.storage.db import create_engine, create_sessionmaker
 from bot.storage.migrate import upgrade
+
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--model`` (a prepared folder) or the demo model, built in ``--model-dir``."""
+    parser.add_argument(
+        "--model-dir", default="data/demo-model", help="where the demo model is built (once)"
+    )
+    parser.add_argument(
+        "--model",
+        help="a prepared model folder to serve instead of the demo model, e.g. data/smollm2 "
+        "(what `make run` serves, `make real-model`; dtype auto, as there)",
+    )
+
+
+def served_model(args: argparse.Namespace) -> tuple[Path, str]:
+    """The model folder ``add_model_arguments`` chose, and its engine dtype."""
+    if args.model:
+        return Path(args.model), "auto"
+    # float32: the demo model's figures across sessions were taken so.
+    return build_demo_model(Path(args.model_dir)), "float32"
+
+
+def model_name(args: argparse.Namespace) -> str:
+    """The model ``served_model`` serves, for a benchmark's header."""
+    return str(args.model or "demo model")
 
 
 def engine_processes() -> str:

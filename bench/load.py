@@ -67,12 +67,15 @@ from harness import (
     LOOPS,
     CpuWaits,
     LoopLag,
+    add_model_arguments,
     bench_key,
     engine_processes,
+    model_name,
     percentile,
     run_on,
     scratch_database,
     serve_on_loopback,
+    served_model,
 )
 from load_client import (
     SLACK_SIGNING_SECRET,
@@ -96,7 +99,6 @@ from sqlalchemy import func, select
 
 from bot.app import create_app
 from bot.config import load_settings
-from bot.demo_model import build_demo_model
 from bot.engine.base import InferenceEngine
 from bot.engine.openai_remote import OpenAIRemoteEngine
 from bot.engine.vllm_local import LocalVLLMEngine
@@ -250,14 +252,14 @@ async def run(args: argparse.Namespace, workdir: Path, db_url: str) -> None:
     unknown = set(channels) - set(CHANNELS)
     if unknown or not channels:
         raise SystemExit(f"--channels: pick from {', '.join(CHANNELS)}")
-    model = build_demo_model(Path(args.model_dir))
+    model, dtype = served_model(args)
     fakes: PlatformFakes = (
         InProcessFakes() if args.fakes_in_process else FakesProcess(args.client_loop)
     )
     await fakes.__aenter__()
     engine_section: dict[str, Any] = {
         "model": str(model),
-        "dtype": "float32",
+        "dtype": dtype,
         "max_model_len": 4096,
         "block_size": 32,
     }
@@ -301,7 +303,8 @@ async def run(args: argparse.Namespace, workdir: Path, db_url: str) -> None:
     since = dt.datetime.now(dt.UTC)
     run = uuid.uuid4().hex[:6]
     print(f"# ack latency under open-loop load, {args.seconds:g} s a rate, {args.conversations}")
-    print(f"# conversations a channel, max_tokens={args.max_tokens}, demo model, CPU, database:")
+    print(f"# conversations a channel, max_tokens={args.max_tokens}, ", end="")
+    print(f"{model_name(args)}, CPU, database:")
     print(f"# {'SQLite' if db_url.startswith('sqlite') else 'PostgreSQL'}; load average", end="")
     print(f" {' '.join(f'{x:.2f}' for x in os.getloadavg())} at the start")
     where = "the service's own event loop" if args.client_in_process else "a separate process"
@@ -401,7 +404,7 @@ if __name__ == "__main__":
         default=None,
         help="a PostgreSQL server's URL: the run gets a new database there (default: SQLite)",
     )
-    parser.add_argument("--model-dir", default="data/demo-model")
+    add_model_arguments(parser)
     parser.add_argument(
         "--loop", choices=LOOPS, default="asyncio", help="the service's and the client's loop"
     )

@@ -6,7 +6,11 @@ Prints
   * TTFT by turn index (p50/p99), measured by the HTTP client,
   * the service's time before the first token (the client's TTFT minus the
     engine's own queue + prefill of that turn) next to the engine's part, and
-    the TTFT of the same prompts sent straight to the engine,
+    the TTFT of the same prompts sent straight to the engine; then the same to
+    the first visible text: a client's first delta carries the first token that
+    decodes to text, and the engine steps before it (a token that decodes to
+    nothing, such as the demo model's ids past its tokenizer's 646 tokens, or
+    part of a character) are the engine's time, not the service's,
   * the ack latency of POST /v1/messages (p50/p99),
   * the ratio of end-to-end time through the service to the same prompts sent
     straight to the engine (prefix cache reset in between, same concurrency),
@@ -23,6 +27,7 @@ reading and parsing of every stream event would count as the service's time.
 
 Run:  .venv/bin/python bench/turns.py --conversations 4 --turns 12
       .venv/bin/python bench/turns.py --conversations 16 --turns 6   (16 concurrent chats)
+      .venv/bin/python bench/turns.py --model data/smollm2   (the model ``make run`` serves)
       add --loop uvloop to run the service (and the client) on uvloop's event loop
       add --one-request to stream each reply in its POST's response (no second request)
 """
@@ -37,23 +42,26 @@ import statistics
 import tempfile
 import time
 import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 from harness import (
     LOOPS,
+    add_model_arguments,
     bench_key,
     engine_processes,
     engine_steps,
+    model_name,
     percentile,
     run_on,
     serve_on_loopback,
+    served_model,
 )
 from turns_client import Chats, run_chats, run_chats_in_subprocess
 
 from bot.app import create_app
 from bot.config import load_settings
-from bot.demo_model import build_demo_model
-from bot.engine.base import GenerationRequest
+from bot.engine.base import GenerationChunk, GenerationRequest
 from bot.engine.vllm_local import LocalVLLMEngine
 from bot.log import configure_logging
 from bot.storage.db import create_engine, create_sessionmaker
@@ -88,11 +96,36 @@ async def stored_prompts(db_url: str) -> dict[str, list[tuple[int, list[int]]]]:
     return prompts
 
 
+class FirstTextClock(LocalVLLMEngine):
+    """The engine, noting when each request's first token and first text reach this process.
+
+    A token that decodes to no text yet gives a chunk with ids and no text, which the
+    service does not stream: the client's first delta waits for the engine's next steps.
+    """
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.text_after_token_ms: dict[str, float] = {}
+        """Per request id: ms from the chunk with its first token to the one with its first text."""
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
+        first_token: float | None = None
+        async for chunk in super().generate(request):
+            if chunk.token_ids and first_token is None:
+                first_token = time.perf_counter()
+            first_text = chunk.text and request.request_id not in self.text_after_token_ms
+            if first_text and first_token is not None:
+                gap = (time.perf_counter() - first_token) * 1000
+                self.text_after_token_ms[request.request_id] = gap
+            yield chunk
+
+
 async def direct(
     engine: LocalVLLMEngine, prompts: list[list[int]], max_tokens: int
-) -> list[tuple[float, float, float]]:
+) -> list[tuple[float, float, float, float]]:
     """The same prompts, in order, straight to the engine, per request in ms: TTFT,
-    end to end, and the engine core's own queue + prefill of it."""
+    end to end, the engine core's own queue + prefill of it, and the time to its first
+    text (what a client of the engine would see first)."""
     durations = []
     for prompt in prompts:
         started = time.perf_counter()
@@ -104,15 +137,19 @@ async def direct(
             top_p=1.0,
         )
         first: float | None = None
+        first_text: float | None = None
         core = 0.0
         async for chunk in engine.generate(request):
             if first is None and chunk.token_ids:
                 first = time.perf_counter()
+            if first_text is None and chunk.text:
+                first_text = time.perf_counter()
             if chunk.timings is not None:
                 core = chunk.timings.queue_ms + chunk.timings.prefill_ms
         ended = time.perf_counter()
         ttft = ((first or ended) - started) * 1000
-        durations.append((ttft, (ended - started) * 1000, core))
+        to_text = ((first_text or ended) - started) * 1000
+        durations.append((ttft, (ended - started) * 1000, core, to_text))
     return durations
 
 
@@ -120,19 +157,19 @@ async def main(args: argparse.Namespace) -> None:
     # Per-turn log lines to a terminal would cost the service time the engine does not pay.
     configure_logging(os.environ.get("BENCH_LOG_LEVEL", "WARNING"), "json")
     workdir = Path(tempfile.mkdtemp(prefix="bench-turns-"))
-    model = build_demo_model(Path(args.model_dir))
+    model, dtype = served_model(args)
     db_url = f"sqlite+aiosqlite:///{workdir / 'bench.db'}"
     await asyncio.to_thread(upgrade, db_url)
     settings = load_settings(
         None,
         database={"url": db_url},
-        engine={"model": str(model), "dtype": "float32", "max_model_len": 4096, "block_size": 32},
+        engine={"model": str(model), "dtype": dtype, "max_model_len": 4096, "block_size": 32},
         generation={"max_tokens": args.max_tokens, "temperature": 0.0, "top_p": 1.0},
         logging={"level": "WARNING"},
         # The benchmark is one key sending many messages: fair use would throttle it.
         limits={"messages_per_minute": 0, "tokens_per_day": 0},
     )
-    engine = LocalVLLMEngine(settings.engine)
+    engine = FirstTextClock(settings.engine)
     await engine.start()
     app = await create_app(settings, engine=engine)
     runner, base = await serve_on_loopback(app)
@@ -186,12 +223,13 @@ async def main(args: argparse.Namespace) -> None:
             ttft.setdefault(result["turn"], []).append(result["ttft_ms"])
     acks = [r["ack_ms"] for r in results]
     service_e2e = sum(r["e2e_ms"] for r in results)
-    direct_e2e = sum(e2e for times in direct_times for _, e2e, _ in times)
-    direct_ttft = [ttft for times in direct_times for ttft, _, _ in times]
-    direct_core = [core for times in direct_times for _, _, core in times]
+    direct_e2e = sum(e2e for times in direct_times for _, e2e, _, _ in times)
+    direct_ttft = [ttft for times in direct_times for ttft, _, _, _ in times]
+    direct_core = [core for times in direct_times for _, _, core, _ in times]
+    direct_to_text = [to_text for times in direct_times for _, _, _, to_text in times]
     # The same split of a direct request: what the engine client itself adds to the
     # core's queue + prefill (vLLM's hops between this process and its engine core).
-    direct_client = [ttft - core for times in direct_times for ttft, _, core in times]
+    direct_client = [ttft - core for times in direct_times for ttft, _, core, _ in times]
     # The engine's part of the client's TTFT: its queue and the prefill of the prompt.
     engine_part = [
         r["timings_ms"].get("queue", 0.0) + r["timings_ms"].get("prefill", 0.0)
@@ -203,12 +241,22 @@ async def main(args: argparse.Namespace) -> None:
         for r in results
         if r.get("timings_ms")
     ]
+    # The engine's steps after its first token until a token decodes to text, as the
+    # chunks reached the service: the client's first delta waited for them too.
+    steps_to_text = [
+        engine.text_after_token_ms.get(r.get("turn_id", ""), 0.0)
+        for r in results
+        if r.get("timings_ms")
+    ]
+    service_to_text = [
+        part - steps for part, steps in zip(service_part, steps_to_text, strict=True)
+    ]
 
     share = 100 * cached / max(1, cacheable)
     e2e_ratio = service_e2e / direct_e2e
     wall_ratio = service_wall / direct_wall
     print(f"# {args.conversations} conversations x {args.turns} turns, ", end="")
-    print(f"max_tokens={args.max_tokens}, demo model, CPU; load average ", end="")
+    print(f"max_tokens={args.max_tokens}, {model_name(args)}, CPU; load average ", end="")
     print(" ".join(f"{x:.2f}" for x in os.getloadavg()))
     print(f"# engine: in the service process; {engine_processes()}")
     where = "the service's own event loop" if args.client_in_process else "a separate process"
@@ -227,11 +275,14 @@ async def main(args: argparse.Namespace) -> None:
     print("before the first token (ms)                 p50      p99")
     for name, values in (
         ("service (client TTFT - engine queue+prefill)", service_part),
+        ("  of it, engine steps until the first text", steps_to_text),
+        ("service to the first text (the rest)", service_to_text),
         ("engine's queue + prefill in those turns", engine_part),
         ("client TTFT through the service", [r["ttft_ms"] for r in results]),
         ("engine TTFT, same prompts sent directly", direct_ttft),
         ("  its engine core queue + prefill", direct_core),
         ("  the rest (vLLM's own hops, no service)", direct_client),
+        ("engine TTFT to the first text, sent directly", direct_to_text),
     ):
         print(f"{name:<45} {percentile(values, 50):>7.1f}  {percentile(values, 99):>7.1f}")
     # Where the service's part goes: the turns' own layer clocks (``turns.layer_ms``).
@@ -271,7 +322,7 @@ if __name__ == "__main__":
     parser.add_argument("--conversations", type=int, default=4)
     parser.add_argument("--turns", type=int, default=12)
     parser.add_argument("--max-tokens", type=int, default=48)
-    parser.add_argument("--model-dir", default="data/demo-model")
+    add_model_arguments(parser)
     parser.add_argument(
         "--loop", choices=LOOPS, default="asyncio", help="the service's and the client's loop"
     )
