@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import time
 from typing import Any
 
 import asyncpg
 import pytest
-from sqlalchemy import event, make_url, update
+from sqlalchemy import event, make_url, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from bot.channels.base import ReplySink, TurnAddress
@@ -229,6 +230,56 @@ async def test_a_save_in_flight_when_the_turn_ends_is_let_finish_not_cancelled(
             stored = await session.get(Turn, turn.id)
             assert stored is not None and stored.reply_text == "Hel"
         assert invalidated == []
+    finally:
+        await holder.close()
+        await watcher.close()
+        await engine.dispose()
+
+
+async def test_saves_of_the_reply_so_far_leave_the_pool_to_the_ack_path(pg_url: str) -> None:
+    """Hundreds of turns generating at once (a slow model under load) saved their replies so
+    far with every pooled connection, and accepts waited for one. A worker sends at most
+    ``max_in_flight`` saves at a time; a turn whose interval comes while they are out skips
+    it, and its reply is saved at a later interval, once a save came back."""
+    engine = create_engine(pg_url)
+    sessions = create_sessionmaker(engine)
+    plain_url = make_url(pg_url).set(drivername="postgresql").render_as_string(hide_password=False)
+    holder, watcher = await asyncpg.connect(plain_url), await asyncpg.connect(plain_url)
+    try:
+        async with sessions() as session, session.begin():
+            turns = [
+                await add_turn(session, f"busy{i}", status=TurnStatus.RUNNING, lease_owner="w1")
+                for i in range(6)
+            ]
+        ids = [turn.id for turn in turns]
+        # Another session holds every turn's row: each save sent waits for its lock.
+        holding = holder.transaction()
+        await holding.start()
+        await holder.execute("SELECT 1 FROM turns WHERE id = ANY($1::text[]) FOR UPDATE", ids)
+        partials = PartialReplies(sessions, "w1", interval_s=0.05, max_in_flight=2)
+        async with contextlib.AsyncExitStack() as generating:
+            for turn_id in ids:
+                await generating.enter_async_context(
+                    partials.saving(turn_id, lambda turn_id=turn_id: f"so far {turn_id}")
+                )
+            async with asyncio.timeout(10):
+                while await watcher.fetchval(SAVE_WAITING) < 2:  # noqa: ASYNC110 - polled
+                    await asyncio.sleep(0.02)
+            # Ten intervals more: every turn's saver came round while two saves were out.
+            await asyncio.sleep(0.5)
+            assert await watcher.fetchval(SAVE_WAITING) == 2
+            assert partials.in_flight == 2
+            await holding.rollback()
+            async with asyncio.timeout(10):
+                while True:
+                    async with sessions() as session:
+                        stored = await session.scalars(
+                            select(Turn.reply_text).where(Turn.id.in_(ids))
+                        )
+                        if sorted(map(str, stored)) == sorted(f"so far {i}" for i in ids):
+                            break
+                    await asyncio.sleep(0.05)
+        assert partials.in_flight == 0
     finally:
         await holder.close()
         await watcher.close()
