@@ -10,7 +10,10 @@ Prints
     the first visible text: a client's first delta carries the first token that
     decodes to text, and the engine steps before it (a token that decodes to
     nothing, such as the demo model's ids past its tokenizer's 646 tokens, or
-    part of a character) are the engine's time, not the service's,
+    part of a character) are the engine's time, not the service's; and the
+    service's own time: the client's TTFT minus all the time its first text spent
+    in vLLM, from the request to the engine client's chunk (vLLM's hops in this
+    process included, which the requests sent directly have too),
   * the ack latency of POST /v1/messages (p50/p99),
   * the ratio of end-to-end time through the service to the same prompts sent
     straight to the engine (prefix cache reset in between, same concurrency),
@@ -107,16 +110,21 @@ class FirstTextClock(LocalVLLMEngine):
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self.text_after_token_ms: dict[str, float] = {}
         """Per request id: ms from the chunk with its first token to the one with its first text."""
+        self.to_text_ms: dict[str, float] = {}
+        """Per request id: ms from the request to the chunk with its first text, all of it in
+        vLLM (its engine client in this process, the engine core's queue and steps)."""
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
+        asked = time.perf_counter()
         first_token: float | None = None
         async for chunk in super().generate(request):
+            now = time.perf_counter()
             if chunk.token_ids and first_token is None:
-                first_token = time.perf_counter()
-            first_text = chunk.text and request.request_id not in self.text_after_token_ms
+                first_token = now
+            first_text = chunk.text and request.request_id not in self.to_text_ms
             if first_text and first_token is not None:
-                gap = (time.perf_counter() - first_token) * 1000
-                self.text_after_token_ms[request.request_id] = gap
+                self.text_after_token_ms[request.request_id] = (now - first_token) * 1000
+                self.to_text_ms[request.request_id] = (now - asked) * 1000
             yield chunk
 
 
@@ -251,6 +259,13 @@ async def main(args: argparse.Namespace) -> None:
     service_to_text = [
         part - steps for part, steps in zip(service_part, steps_to_text, strict=True)
     ]
+    # All the time the turn's first text spent in vLLM, its own hops in this process
+    # included (the engine TTFT sent directly has them too): what is left is the service's.
+    service_own = [
+        r["ttft_ms"] - engine.to_text_ms[r["turn_id"]]
+        for r in results
+        if r.get("turn_id") in engine.to_text_ms
+    ]
 
     share = 100 * cached / max(1, cacheable)
     e2e_ratio = service_e2e / direct_e2e
@@ -277,6 +292,7 @@ async def main(args: argparse.Namespace) -> None:
         ("service (client TTFT - engine queue+prefill)", service_part),
         ("  of it, engine steps until the first text", steps_to_text),
         ("service to the first text (the rest)", service_to_text),
+        ("service's own: client TTFT - time in vLLM to it", service_own),
         ("engine's queue + prefill in those turns", engine_part),
         ("client TTFT through the service", [r["ttft_ms"] for r in results]),
         ("engine TTFT, same prompts sent directly", direct_ttft),
