@@ -65,6 +65,7 @@ from turns_client import Chats, run_chats, run_chats_in_subprocess
 from bot.app import create_app
 from bot.config import load_settings
 from bot.engine.base import GenerationChunk, GenerationRequest
+from bot.engine.settings import EngineSettings
 from bot.engine.vllm_local import LocalVLLMEngine
 from bot.log import configure_logging
 from bot.storage.db import create_engine, create_sessionmaker
@@ -106,8 +107,8 @@ class FirstTextClock(LocalVLLMEngine):
     service does not stream: the client's first delta waits for the engine's next steps.
     """
 
-    def __init__(self, *args: object, **kwargs: object) -> None:
-        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+    def __init__(self, settings: EngineSettings) -> None:
+        super().__init__(settings)
         self.text_after_token_ms: dict[str, float] = {}
         """Per request id: ms from the chunk with its first token to the one with its first text."""
         self.to_text_ms: dict[str, float] = {}

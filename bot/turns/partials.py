@@ -30,10 +30,11 @@ log = structlog.get_logger(__name__)
 PARTIAL_REPLY_INTERVAL_S = 0.5
 MAX_SAVES_IN_FLIGHT = 3
 """Saves a worker runs at once, of all its turns. A turn whose interval comes while they
-are all out skips it: its next save carries the whole reply so far. Unbounded, the saves
-of hundreds of turns generating at once (a real model under load) took every pooled
-connection, and accepts waited for one up to a second (bench/connection_waits.py: saves
-held connections 219 s in a 60 s run, acks p99 730 ms): the ack path comes first."""
+are all out skips it: its next save carries the whole reply so far (and is the one that
+finds a lease lost to a takeover: later, under such load). Unbounded, the saves of
+hundreds of turns generating at once (a real model under load on PostgreSQL) held pooled
+connections 219 s in a 60 s run (bench/connection_waits.py) while accepts, starts and
+final writes waited for one: background work may not take a worker's whole pool."""
 SAVE_IN_FLIGHT_GRACE_S = 2.0
 """How long the end of a turn waits for a save already sent before cancelling it."""
 
