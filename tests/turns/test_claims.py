@@ -10,6 +10,8 @@ from typing import Any
 
 import asyncpg
 import pytest
+import structlog
+import structlog.testing
 from sqlalchemy import event, make_url, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -284,6 +286,23 @@ async def test_saves_of_the_reply_so_far_leave_the_pool_to_the_ack_path(pg_url: 
         await holder.close()
         await watcher.close()
         await engine.dispose()
+
+
+async def test_a_failed_save_gives_its_place_back(pg_url: str) -> None:
+    """A save the database refuses must not keep its place among the saves in flight:
+    with one place, a leaked one would end every turn's saves after the first failure."""
+    # The server answers, but refuses this database: every save fails at connect.
+    refused = create_engine(make_url(pg_url).set(database="no_such_database").render_as_string())
+    partials = PartialReplies(create_sessionmaker(refused), "w1", interval_s=0.05, max_in_flight=1)
+    try:
+        with structlog.testing.capture_logs() as logs:
+            async with partials.saving("t-refused", lambda: "Hel"):
+                await asyncio.sleep(0.5)
+        failures = [line for line in logs if line["event"] == "partial_reply_not_saved"]
+        assert len(failures) >= 3
+        assert partials.in_flight == 0
+    finally:
+        await refused.dispose()
 
 
 async def test_a_worker_whose_turn_was_taken_over_stops_generating_it(
