@@ -22,6 +22,7 @@ from bot.http.clients import platform_client
 from bot.http.keys import (
     CHAT_FORMAT,
     DB_ANSWERS,
+    DB_ENGINES,
     DB_PROBE,
     ENGINE,
     ENGINE_SETTINGS,
@@ -35,9 +36,9 @@ from bot.http.keys import (
 )
 from bot.http.middleware import request_context
 from bot.storage.db import (
-    create_engine,
     create_probe_engine,
     create_read_sessionmaker,
+    create_service_engines,
     create_sessionmaker,
     watch_answers,
 )
@@ -79,24 +80,28 @@ async def create_app(
     )
     app[SERVER] = settings.server
     app[ENGINE_SETTINGS] = settings.engine
-    db_engine = create_engine(settings.database.url, echo=settings.database.echo)
-    sessions = create_sessionmaker(db_engine)
+    engines = create_service_engines(settings.database.url, echo=settings.database.echo)
+    app[DB_ENGINES] = engines
+    # Request handlers (the accepts among them) on the requests' engine, the turns'
+    # work on the turns' engine: on PostgreSQL two pools (``ServiceEngines``).
+    sessions = create_sessionmaker(engines.requests)
     app[SESSIONS] = sessions
-    read_sessions = create_read_sessionmaker(db_engine)
+    read_sessions = create_read_sessionmaker(engines.requests)
     app[READ_SESSIONS] = read_sessions
     # A turn's own reads (its history, a prepared base) and a request's key check are
     # short and on the critical path: on SQLite they run on the loop's thread, without a
     # trip to aiosqlite's (each trip waits for that thread and then for a loop iteration).
-    turn_reads = create_read_sessionmaker(db_engine, in_place=True)
-    app[SHORT_READS] = turn_reads
+    app[SHORT_READS] = create_read_sessionmaker(engines.requests, in_place=True)
+    turn_sessions = create_sessionmaker(engines.turns)
+    turn_reads = create_read_sessionmaker(engines.turns, in_place=True)
     db_probe = create_probe_engine(settings.database.url, one_round_trip=True)
     app[DB_PROBE] = db_probe
-    app[DB_ANSWERS] = watch_answers(db_engine)
+    app[DB_ANSWERS] = watch_answers(engines.requests, engines.turns)
     inference = engine if engine is not None else build_engine(settings)
     app[ENGINE] = inference
     turns = TurnService(sessions, TurnStreams())
     app[TURNS] = turns
-    turns.claims = build_claims(settings.workers, settings.database.url, sessions)
+    turns.claims = build_claims(settings.workers, settings.database.url, turn_sessions)
     turns.runs_turns = settings.workers.run_turns
     # An ingress-only process never generates: it starts no engine (nor frees one).
     starts_engine = engine is None and settings.workers.run_turns
@@ -129,16 +134,18 @@ async def create_app(
             pending_messages=settings.chat.pending_messages,
             chat_format=fmt,
             engine=inference,
-            sessions=sessions,
+            sessions=turn_sessions,
             read_sessions=turn_reads,
             fair_use=turns.fair_use,
             partials=(
-                None if turns.claims.exclusive else PartialReplies(sessions, turns.claims.worker_id)
+                None
+                if turns.claims.exclusive
+                else PartialReplies(turn_sessions, turns.claims.worker_id)
             ),
         )
         turns.set_runner(
             TurnRunner(
-                sessions=sessions,
+                sessions=turn_sessions,
                 read_sessions=turn_reads,
                 engine=inference,
                 chat_format=fmt,
@@ -169,7 +176,7 @@ async def create_app(
         await http.close()
         if starts_engine:
             await inference.shutdown()
-        await db_engine.dispose()
+        await engines.dispose()
         await db_probe.dispose()
 
     app.cleanup_ctx.append(lifetime)

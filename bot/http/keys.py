@@ -11,6 +11,7 @@ from bot.engine.settings import EngineSettings
 from bot.http.readers import EventStreamReaders
 from bot.http.settings import ServerSettings
 from bot.recent_answer import RecentAnswer
+from bot.storage.db import ServiceEngines
 from bot.turns.chat_format import ChatFormatSource
 from bot.turns.followers import TurnFollowers
 from bot.turns.service import TurnService
@@ -29,6 +30,8 @@ TURNS = web.AppKey("turns", TurnService)
 ENGINE = web.AppKey("engine", InferenceEngine)
 HTTP_CLIENT = web.AppKey("http_client", aiohttp.ClientSession)
 CHAT_FORMAT = web.AppKey("chat_format", ChatFormatSource)
+DB_ENGINES = web.AppKey("db_engines", ServiceEngines)
+"""The requests' and the turns' database engines (``bot.storage.db.ServiceEngines``)."""
 DB_PROBE = web.AppKey("db_probe", AsyncEngine)
 """The readiness check's own database connection (``bot.storage.db.create_probe_engine``)."""
 DB_ANSWERS = web.AppKey("db_answers", RecentAnswer)

@@ -212,8 +212,12 @@ def is_sqlite(url: str) -> bool:
     return make_url(url).get_backend_name() == "sqlite"
 
 
-def create_engine(url: str, *, echo: bool = False) -> AsyncEngine:
-    """Create the engine; for SQLite, create the database's folder and set its pragmas."""
+def create_engine(url: str, *, echo: bool = False, **pool: int) -> AsyncEngine:
+    """Create the engine; for SQLite, create the database's folder and set its pragmas.
+
+    ``pool``: ``pool_size`` and ``max_overflow`` of a PostgreSQL engine's pool
+    (SQLAlchemy's defaults, 5 and 10, if not given); SQLite's engine ignores them.
+    """
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
         if parsed.database and parsed.database != ":memory:":
@@ -233,7 +237,43 @@ def create_engine(url: str, *, echo: bool = False) -> AsyncEngine:
         event.listen(engine.sync_engine.pool, "reset", _on_sqlite_reset)
         event.listen(engine.sync_engine.pool, "invalidate", _on_sqlite_invalidate)
         return engine
-    return _checked_at_checkout(create_async_engine(url, echo=echo))
+    return _checked_at_checkout(create_async_engine(url, echo=echo, **pool))
+
+
+SERVICE_POOL = {"pool_size": 10, "max_overflow": 0}
+"""Each of the service's two PostgreSQL pools: up to 10 connections, opened as needed and
+kept. No overflow: an overflow connection is closed at its checkin and opened again at the
+next burst, each open several round trips on a loop that is busy just then."""
+
+
+@dataclass(frozen=True)
+class ServiceEngines:
+    """The service's database engines: its request handlers' and its turns' work.
+
+    On PostgreSQL each has a pool of its own. The requests' (accepts, key checks,
+    readers of a turn, reports) wait for a connection only behind other requests;
+    with one shared pool, the work of the turns their own acks had started (claims,
+    starts, history reads, saves of replies so far, final writes) held its 15
+    connections and an ack waited up to 0.7 s for one (``bench/connection_waits.py``
+    at 100 messages/s with SmolLM2). On SQLite both are one engine: a file needs no
+    pool, and the process's one writer queue orders all of its writes.
+    """
+
+    requests: AsyncEngine
+    turns: AsyncEngine
+
+    async def dispose(self) -> None:
+        await self.requests.dispose()
+        if self.turns is not self.requests:
+            await self.turns.dispose()
+
+
+def create_service_engines(url: str, *, echo: bool = False) -> ServiceEngines:
+    """The engines of a serving process (``ServiceEngines``)."""
+    turns = create_engine(url, echo=echo, **SERVICE_POOL)
+    if turns.dialect.name == "sqlite":
+        return ServiceEngines(requests=turns, turns=turns)
+    return ServiceEngines(requests=create_engine(url, echo=echo, **SERVICE_POOL), turns=turns)
 
 
 def _checked_at_checkout(engine: AsyncEngine) -> AsyncEngine:
@@ -273,9 +313,9 @@ def _ping_on_checkout(dbapi_connection: Any, record: Any, _proxy: Any) -> None:
         raise sqlalchemy.exc.InvalidatePoolError(f"ping failed: {type(exc).__name__}") from exc
 
 
-def watch_answers(engine: AsyncEngine) -> RecentAnswer:
-    """When a statement of ``engine``'s last completed: readiness's evidence that the
-    database answers, without a round trip of its own (``bot.recent_answer``)."""
+def watch_answers(*engines: AsyncEngine) -> RecentAnswer:
+    """When a statement of one of ``engines`` last completed: readiness's evidence that
+    the database answers, without a round trip of its own (``bot.recent_answer``)."""
     answers = RecentAnswer()
 
     def _answered(*_: Any) -> None:
@@ -283,7 +323,8 @@ def watch_answers(engine: AsyncEngine) -> RecentAnswer:
 
     # After the statement, not at commit: SQLAlchemy's "commit" event comes before the
     # server has said yes.
-    event.listen(engine.sync_engine, "after_cursor_execute", _answered)
+    for engine in dict.fromkeys(engines):  # SQLite's two are one
+        event.listen(engine.sync_engine, "after_cursor_execute", _answered)
     return answers
 
 
