@@ -31,7 +31,7 @@ from bot.apikeys import create_key
 from bot.app import create_app
 from bot.config import ServerSettings, load_settings
 from bot.demo_model import build_demo_model
-from bot.http.keys import SESSIONS
+from bot.http.keys import DB_ENGINES
 from bot.storage import queries
 from bot.storage.db import create_engine, create_sessionmaker
 from bot.storage.models import Turn, TurnStatus
@@ -120,11 +120,12 @@ async def measure(args: argparse.Namespace, url: str) -> None:
             chat_format=ChatFormat(load_tokenizer(str(model)), "bench"),
         )
         statements = [0]
-        event.listen(
-            app[SESSIONS].kw["bind"].sync_engine,
-            "before_cursor_execute",
-            lambda *_: statements.__setitem__(0, statements[0] + 1),
-        )
+        for db_engine in app[DB_ENGINES].distinct:  # the requests' and the turns'
+            event.listen(
+                db_engine.sync_engine,
+                "before_cursor_execute",
+                lambda *_: statements.__setitem__(0, statements[0] + 1),
+            )
 
         async def rate() -> float:
             before = statements[0]

@@ -96,10 +96,10 @@ async def create_app(
     turn_reads = create_read_sessionmaker(engines.turns, in_place=True)
     db_probe = create_probe_engine(settings.database.url, one_round_trip=True)
     app[DB_PROBE] = db_probe
-    app[DB_ANSWERS] = watch_answers(engines.requests, engines.turns)
+    app[DB_ANSWERS] = watch_answers(*engines.distinct)
     inference = engine if engine is not None else build_engine(settings)
     app[ENGINE] = inference
-    turns = TurnService(sessions, TurnStreams())
+    turns = TurnService(sessions, TurnStreams(), turn_sessions=turn_sessions)
     app[TURNS] = turns
     turns.claims = build_claims(settings.workers, settings.database.url, turn_sessions)
     turns.runs_turns = settings.workers.run_turns

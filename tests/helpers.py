@@ -18,6 +18,7 @@ from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from bot.apikeys import create_key
+from bot.http.keys import DB_ENGINES
 from bot.storage.db import create_engine, create_sessionmaker
 from bot.storage.models import Conversation, InboundEvent, Message, Turn
 from bot.storage.tokens import unpack_token_ids
@@ -252,16 +253,23 @@ async def conversation_personas(db_url: str) -> dict[str, str | None]:
         await engine.dispose()
 
 
+def app_sync_engines(app: Any) -> list[Engine]:
+    """The app's database engines (the requests' and the turns'; one on SQLite), sync side."""
+    return [engine.sync_engine for engine in app[DB_ENGINES].distinct]
+
+
 @contextmanager
-def recorded_statements(sync_engine: Engine) -> Iterator[list[str]]:
-    """Every SQL statement ``sync_engine`` sends while the block runs, in order."""
+def recorded_statements(*sync_engines: Engine) -> Iterator[list[str]]:
+    """Every SQL statement the ``sync_engines`` send while the block runs, in order."""
     statements: list[str] = []
 
     def record(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
         statements.append(statement)
 
-    event.listen(sync_engine, "before_cursor_execute", record)
+    for sync_engine in sync_engines:
+        event.listen(sync_engine, "before_cursor_execute", record)
     try:
         yield statements
     finally:
-        event.remove(sync_engine, "before_cursor_execute", record)
+        for sync_engine in sync_engines:
+            event.remove(sync_engine, "before_cursor_execute", record)

@@ -19,12 +19,12 @@ from sqlalchemy import event
 
 from bot.app import create_app
 from bot.config import EngineSettings
-from bot.http.keys import SESSIONS, STREAM_READERS, TURN_FOLLOWERS
+from bot.http.keys import STREAM_READERS, TURN_FOLLOWERS
 from bot.storage.db import is_sqlite
 from bot.turns.chat_format import ChatFormat
 from tests.conftest import issue_key, make_settings
 from tests.engines import GatedEngine
-from tests.helpers import admin_key, auth, count_rows, read_sse, wait_until
+from tests.helpers import admin_key, app_sync_engines, auth, count_rows, read_sse, wait_until
 from tests.ops.helpers import samples, value
 from tests.production_server import serving
 
@@ -73,8 +73,8 @@ class StatementCounter:
 
     def __init__(self, app: Any) -> None:
         self.count = 0
-        bind = app[SESSIONS].kw["bind"]
-        event.listen(bind.sync_engine, "before_cursor_execute", self._seen)
+        for engine in app_sync_engines(app):  # the requests' and the turns'
+            event.listen(engine, "before_cursor_execute", self._seen)
 
     def _seen(self, *_: Any) -> None:
         self.count += 1

@@ -262,10 +262,14 @@ class ServiceEngines:
     requests: AsyncEngine
     turns: AsyncEngine
 
+    @property
+    def distinct(self) -> tuple[AsyncEngine, ...]:
+        """Each engine once (SQLite's two are one)."""
+        return tuple(dict.fromkeys((self.requests, self.turns)))
+
     async def dispose(self) -> None:
-        await self.requests.dispose()
-        if self.turns is not self.requests:
-            await self.turns.dispose()
+        for engine in self.distinct:
+            await engine.dispose()
 
 
 def create_service_engines(url: str, *, echo: bool = False) -> ServiceEngines:
@@ -323,7 +327,7 @@ def watch_answers(*engines: AsyncEngine) -> RecentAnswer:
 
     # After the statement, not at commit: SQLAlchemy's "commit" event comes before the
     # server has said yes.
-    for engine in dict.fromkeys(engines):  # SQLite's two are one
+    for engine in engines:
         event.listen(engine.sync_engine, "after_cursor_execute", _answered)
     return answers
 

@@ -114,10 +114,15 @@ class TurnService:
         self,
         sessions: async_sessionmaker[AsyncSession],
         streams: TurnStreams,
+        *,
+        turn_sessions: async_sessionmaker[AsyncSession] | None = None,
     ) -> None:
+        """``sessions``: the requests' (accepts, edits, cancels); ``turn_sessions``: the
+        turns' work, here their final writes (the same if not given; two pools on
+        PostgreSQL, ``bot.storage.db.ServiceEngines``)."""
         self._sessions = sessions
         self.streams = streams
-        self.endings = TurnEndings(sessions, streams)
+        self.endings = TurnEndings(turn_sessions or sessions, streams)
         """How every turn ends (row, stream, log line); the runner and the claims share it."""
         self._channels: dict[str, Channel] = {}
         self._runner: TurnRunnerLike | None = None

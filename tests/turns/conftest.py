@@ -12,7 +12,7 @@ from aiohttp.test_utils import TestClient
 from sqlalchemy import event
 from sqlalchemy.exc import OperationalError
 
-from bot.http.keys import SESSIONS
+from tests.helpers import app_sync_engines
 
 
 @dataclass
@@ -25,10 +25,11 @@ class WriteFaults:
     """Makes chosen statements of the app's own database engine fail like a lost connection."""
 
     def __init__(self, client: TestClient[Any, Any]) -> None:
-        self._engine = client.app[SESSIONS].kw["bind"].sync_engine
+        self._engines = app_sync_engines(client.app)  # the requests' and the turns'
         self._rules: list[_Rule] = []
         self.raised = 0
-        event.listen(self._engine, "before_cursor_execute", self._check)
+        for engine in self._engines:
+            event.listen(engine, "before_cursor_execute", self._check)
 
     def fail(self, pattern: str, times: int | None = None) -> None:
         self._rules.append(_Rule(re.compile(pattern, re.DOTALL), times))
@@ -37,7 +38,8 @@ class WriteFaults:
         self._rules.clear()
 
     def close(self) -> None:
-        event.remove(self._engine, "before_cursor_execute", self._check)
+        for engine in self._engines:
+            event.remove(engine, "before_cursor_execute", self._check)
 
     def _check(self, _conn: Any, _cursor: Any, statement: str, params: Any, *_: Any) -> None:
         for rule in self._rules:

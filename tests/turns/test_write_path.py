@@ -33,7 +33,14 @@ from bot.turns.settings import LimitSettings
 from bot.turns.streams import TurnStreams
 from tests.conftest import MakeClient, issue_key
 from tests.engines import SlowEngine
-from tests.helpers import auth, count_rows, load_turns, read_sse, recorded_statements
+from tests.helpers import (
+    app_sync_engines,
+    auth,
+    count_rows,
+    load_turns,
+    read_sse,
+    recorded_statements,
+)
 from tests.turns.conftest import WriteFaults
 
 # The turn number's UPDATE, alone or (PostgreSQL, a conversation that exists) as the CTE
@@ -130,7 +137,7 @@ async def test_a_conversations_next_turn_reads_its_head_and_not_its_path(
     for message_id in ("m0", "m1"):
         await answered(client, key, message_id)
 
-    with recorded_statements(client.app[SESSIONS].kw["bind"].sync_engine) as statements:
+    with recorded_statements(*app_sync_engines(client.app)) as statements:
         await answered(client, key, "m2")
 
     # The entries the last turn stored are known since its final write committed: the
@@ -286,8 +293,7 @@ async def test_a_final_write_moves_its_conversations_head_last(
     key = await issue_key(db_url)
     await answered(client, key, "m0")
 
-    sync_engine = client.app[SESSIONS].kw["bind"].sync_engine
-    with recorded_statements(sync_engine) as log:
+    with recorded_statements(*app_sync_engines(client.app)) as log:
         await answered(client, key, "m1")
     finish = next(i for i, s in enumerate(log) if re.search(FINISH, s, re.DOTALL))
     final_write = log[finish:]
