@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -11,9 +12,11 @@ from sqlalchemy import (
     Integer,
     Select,
     String,
+    and_,
     bindparam,
     func,
     insert,
+    literal,
     or_,
     select,
     update,
@@ -238,21 +241,49 @@ class PlacedTurn:
 
     slot: TurnSlot
     stored: bool
-    """False: the conversation's persona is not the one asked for, and nothing was added
-    (the caller refuses the message, which rolls the slot back)."""
+    """False: the conversation's persona is not the one asked for (or the ``admission``
+    refused), and nothing was added (the caller refuses the message, which rolls the
+    slot back; all or nothing, the statement failed instead)."""
 
 
-def _slot_turn_and_event(columns: frozenset[str], *, announce: bool) -> Any:
+@dataclass(frozen=True)
+class Admission:
+    """A condition a turn must meet to be stored, checked in ``place_turn``'s statement.
+
+    ``condition(slot)``: a SQL condition, built (once per statement shape) around the
+    ``slot`` CTE (the conversation's next turn number, taken); it may add CTEs of its own
+    that write only where the slot has a row (fair use's take, ``bot.turns.limits``).
+    ``parameters``: its bound values for this message.
+    """
+
+    condition: Callable[[Any], Any]
+    parameters: Mapping[str, Any]
+
+
+def _slot_turn_and_event(
+    columns: frozenset[str],
+    *,
+    announce: bool,
+    admission: Callable[[Any], Any] | None = None,
+    all_or_nothing: bool = False,
+) -> Any:
     """PostgreSQL: ``_TAKE_SLOT``, the turn's INSERT and its event's, one statement.
 
     The turn's INSERT selects its conversation and number from the slot's UPDATE
     (a data-modifying CTE), only where the conversation's persona is the one asked
-    for; the event's INSERT selects from the turn's. With ``announce`` the event's
-    RETURNING also calls ``pg_notify(:announce_channel, conversation_id)``: once,
-    for a stored turn, delivered at commit.
+    for (and ``admission``'s condition holds); the event's INSERT selects from the
+    turn's. With ``announce`` the event's RETURNING also calls
+    ``pg_notify(:announce_channel, conversation_id)``: once, for a stored turn,
+    delivered at commit. ``all_or_nothing``: a slot taken for a turn that is then not
+    stored fails the statement (a division by the turns stored, zero), which undoes the
+    slot and everything else it wrote: outside a transaction the statement stores the
+    turn or changes nothing.
     """
     slot = _TAKE_SLOT.cte("slot")
     asked = bindparam("asked_persona", type_=String)
+    condition = or_(asked.is_(None), slot.c.persona == asked)
+    if admission is not None:
+        condition = and_(condition, admission(slot))
     given = sorted(columns)
     new_turn = (
         insert(_TURNS)
@@ -264,7 +295,7 @@ def _slot_turn_and_event(columns: frozenset[str], *, announce: bool) -> Any:
                 *(bindparam(f"turn_{column}", type_=_TURNS.c[column].type) for column in given),
                 slot.c.id,
                 slot.c.next_turn_seq - 1,
-            ).where(or_(asked.is_(None), slot.c.persona == asked)),
+            ).where(condition),
             # The columns not given take the table's server defaults (``attempt``): the
             # Python-side ones SQLAlchemy would add get no value inside a CTE.
             include_defaults=False,
@@ -279,11 +310,15 @@ def _slot_turn_and_event(columns: frozenset[str], *, announce: bool) -> Any:
         )
     event = _event_of(new_turn).returning(*returned).cte("event")
     stored = select(func.count()).select_from(event).scalar_subquery()
-    return select(slot.c.id, slot.c.persona, slot.c.next_turn_seq, stored)
+    returned = [slot.c.id, slot.c.persona, slot.c.next_turn_seq, stored]
+    if all_or_nothing:
+        returned.append((literal(1) / stored).label("stored_or_fail"))
+    return select(*returned)
 
 
-_SLOT_TURN_AND_EVENT: dict[tuple[frozenset[str], bool], Any] = {}
-"""Built once per set of columns an accept gives, with or without an announcement."""
+_SLOT_TURN_AND_EVENT: dict[tuple[Any, ...], Any] = {}
+"""Built once per set of columns an accept gives, with or without an announcement, an
+admission, all or nothing."""
 
 
 async def place_turn(
@@ -297,6 +332,8 @@ async def place_turn(
     event_channel: str,
     event_id: str,
     announce_channel: str | None = None,
+    admission: Admission | None = None,
+    all_or_nothing: bool = False,
 ) -> PlacedTurn | None:
     """A message's turn in its open conversation: ``take_turn_slot`` and ``insert_turn``
     in one statement, on PostgreSQL (one round trip instead of two, and the slot's row
@@ -309,14 +346,21 @@ async def place_turn(
     the slot, creating the conversation, then inserts). A redelivery fails with
     ``IntegrityError`` (channel, event_id), as in ``insert_turn``. ``announce_channel``:
     ``pg_notify`` there with the conversation's id once the turn is stored.
+    ``admission``: a further condition of the turn's (fair use's). ``all_or_nothing``
+    (``_slot_turn_and_event``): a slot taken for a turn not stored raises ``DataError``
+    (division by zero) and the statement changes nothing, for a caller outside a
+    transaction.
     """
     connection = await session.connection()
     if connection.dialect.name != "postgresql":
         return None
-    shape = (frozenset(turn), announce_channel is not None)
+    condition = None if admission is None else admission.condition
+    shape = (frozenset(turn), announce_channel is not None, condition, all_or_nothing)
     statement = _SLOT_TURN_AND_EVENT.get(shape)
     if statement is None:
-        statement = _SLOT_TURN_AND_EVENT[shape] = _slot_turn_and_event(shape[0], announce=shape[1])
+        statement = _SLOT_TURN_AND_EVENT[shape] = _slot_turn_and_event(
+            shape[0], announce=shape[1], admission=condition, all_or_nothing=all_or_nothing
+        )
     parameters = {
         **{f"turn_{column}": value for column, value in turn.items()},
         "key_owner": owner,
@@ -330,6 +374,8 @@ async def place_turn(
     }
     if announce_channel is not None:
         parameters["announce_channel"] = announce_channel
+    if admission is not None:
+        parameters.update(admission.parameters)
     row = (await connection.execute(statement, parameters)).one_or_none()
     if row is None:
         return None

@@ -34,11 +34,24 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import BigInteger, String, bindparam, case, func, literal, or_, select
+from sqlalchemy import (
+    BigInteger,
+    String,
+    and_,
+    bindparam,
+    case,
+    exists,
+    func,
+    literal,
+    or_,
+    select,
+    true,
+)
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from bot.storage.models import LimitOverride, Turn, UsageCounter, utcnow
+from bot.storage.queries import Admission
 from bot.turns.settings import LimitSettings
 
 MESSAGES_PER_MINUTE = "messages_per_minute"
@@ -217,6 +230,44 @@ def _standing_and_take() -> Any:
 _STANDING_AND_TAKE = _standing_and_take()
 
 
+def _admitted_always(_slot: Any) -> Any:
+    """A message that counts against no one (``_admitted_in``'s place)."""
+    return true()
+
+
+def _admitted_in(slot: Any) -> Any:
+    """PostgreSQL: fair use's admission of a message, as a condition of the statement that
+    stores its turn (``bot.storage.queries.place_turn``'s ``admission``).
+
+    Where ``slot`` (the conversation's turn number, taken) has a row, the message takes
+    one of the subject's minute's allowance (where it has a message limit) as in
+    ``_standing_and_take``; the condition holds where the subject's tokens today are
+    under its token limit (if any) and the take, if one was due, came back. Parameters:
+    ``_standing_and_take``'s and ``:default_tokens``.
+    """
+    standing = _STANDING.cte("standing")
+    messages, tokens, used = standing.c
+    message_limit = select(
+        func.coalesce(messages, bindparam("default_messages", type_=BigInteger))
+    ).scalar_subquery()
+    token_limit = select(
+        func.coalesce(tokens, bindparam("default_tokens", type_=BigInteger))
+    ).scalar_subquery()
+    window = bindparam("window", type_=BigInteger)
+    one = literal(1, BigInteger)
+    take = postgresql.insert(UsageCounter).from_select(
+        ["subject", "metric", "window_start", "value"],
+        select(_SUBJECT, literal(MESSAGES_PER_MINUTE), window, one)
+        .select_from(slot)
+        .where(message_limit > 0),
+    )
+    taken = _counting(take, window=window, amount=one, limit=message_limit).cte("taken")
+    return and_(
+        or_(token_limit == 0, select(used).scalar_subquery() < token_limit),
+        or_(message_limit == 0, exists(select(taken.c.value))),
+    )
+
+
 @dataclass(frozen=True)
 class Standing:
     """Where a subject stands: its limits and the tokens it has used today."""
@@ -253,6 +304,28 @@ class FairUse:
             self._defaults.tokens_per_day if tokens is None else int(tokens),
         )
         return Standing(limits, int(used))
+
+    def admission(self, subjects: list[str]) -> Admission | None:
+        """``admit`` for the one subject of ``subjects``, inside the statement that stores
+        the turn (PostgreSQL, ``bot.storage.queries.place_turn``): the turn is stored
+        only if admitted, and a refusal is then told apart by ``admit``. None for
+        more than one subject (``admit`` undoes a take when a later subject refuses).
+        """
+        if len(subjects) > 1:
+            return None
+        if not subjects:
+            return Admission(_admitted_always, {})
+        now = self._clock()
+        return Admission(
+            _admitted_in,
+            {
+                "subject": subjects[0],
+                "day": int(now // DAY_S) * DAY_S,
+                "window": int(now // MINUTE_S) * MINUTE_S,
+                "default_messages": self._defaults.messages_per_minute,
+                "default_tokens": self._defaults.tokens_per_day,
+            },
+        )
 
     async def admit(self, session: AsyncSession, subjects: list[str]) -> None:
         """Count one message against every subject, or raise ``RateLimited``.

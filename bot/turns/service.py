@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 import structlog
 from sqlalchemy import select
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from bot.errors import ErrorClass
@@ -109,6 +109,10 @@ def api_event_id(owner: str, conversation_key: str, message_id: str) -> str:
     return EVENT_ID_HASH_PREFIX + hashlib.sha256(key.encode()).hexdigest()
 
 
+DIVISION_BY_ZERO = "22012"
+"""PostgreSQL's SQLSTATE for ``place_turn``'s all or nothing, failing (``_place_at_once``)."""
+
+
 class TurnService:
     def __init__(
         self,
@@ -121,6 +125,8 @@ class TurnService:
         turns' work, here their final writes (the same if not given; two pools on
         PostgreSQL, ``bot.storage.db.ServiceEngines``)."""
         self._sessions = sessions
+        self._places_at_once = sessions.kw["bind"].dialect.name == "postgresql"
+        """Accepts try ``_place_at_once`` first (PostgreSQL)."""
         self.streams = streams
         self.endings = TurnEndings(turn_sessions or sessions, streams)
         """How every turn ends (row, stream, log line); the runner and the claims share it."""
@@ -172,9 +178,10 @@ class TurnService:
     async def accept(self, message: InboundMessage) -> Accepted:
         """Store the message as a turn (deduplicated) and schedule it.
 
-        One transaction, and no read before it: a redelivery is rare, and the unique
-        (channel, event_id) of its inbound event refuses it at commit, after which
-        it is looked up. The ack waits for nothing else.
+        One statement where it can (``_place_at_once``, PostgreSQL), else one
+        transaction, and no read before either: a redelivery is rare, and the unique
+        (channel, event_id) of its inbound event refuses it, after which it is looked
+        up. The ack waits for nothing else.
 
         A turn this process can begin at once (``_begins_at_accept``) is stored
         already running, and its conversation's worker runs it without a claim
@@ -184,61 +191,63 @@ class TurnService:
         started = time.perf_counter()
         turn_id = new_id()
         begun: asyncio.Future[Turn | None] | None = None
+        row: dict[str, Any] = {
+            "id": turn_id,
+            "channel": message.channel,
+            "reply_to": dict(message.reply_to),
+            "user_id": storable_or_none(message.user_id),
+            "user_name": storable_or_none(message.user_name),
+            # Storable before it is ever tokenized: the stored text and ids agree.
+            "user_text": storable(message.text),
+            "api_key_id": message.api_key_id,
+            "status": TurnStatus.QUEUED,
+            "layer_ms": dict(message.layer_ms),
+            "created_at": dt.datetime.fromtimestamp(message.received_at, dt.UTC),
+        }
+        # An ingress-only process wakes the workers, at commit.
+        announce_channel = None if self.runs_turns else wakeups.CHANNEL
         try:
-            async with self._sessions() as session, session.begin():
-                if self.fair_use is not None and not message.unlimited:
-                    # Counted in this transaction: a refusal rolls every count back.
-                    await self.fair_use.admit(session, _limit_subjects(message))
-                row: dict[str, Any] = {
-                    "id": turn_id,
-                    "channel": message.channel,
-                    "reply_to": dict(message.reply_to),
-                    "user_id": storable_or_none(message.user_id),
-                    "user_name": storable_or_none(message.user_name),
-                    # Storable before it is ever tokenized: the stored text and ids agree.
-                    "user_text": storable(message.text),
-                    "api_key_id": message.api_key_id,
-                    "status": TurnStatus.QUEUED,
-                    "layer_ms": dict(message.layer_ms),
-                    "created_at": dt.datetime.fromtimestamp(message.received_at, dt.UTC),
-                }
-                # An ingress-only process wakes the workers, at commit.
-                announce_channel = None if self.runs_turns else wakeups.CHANNEL
-                placed = await queries.place_turn(
-                    session,
-                    owner=message.owner,
-                    channel=message.channel,
-                    external_key=message.conversation_key,
-                    persona=message.persona,
-                    turn=row,
-                    event_channel=message.channel,
-                    event_id=message.event_id,
-                    announce_channel=announce_channel,
-                )
-                if placed is not None:
-                    slot = placed.slot
-                    if not placed.stored:
-                        _refuse_other_persona(slot, message)
-                else:  # SQLite, or the key's first message: slot, then turn
-                    slot = await queries.take_turn_slot(
+            slot = await self._place_at_once(message, row, announce_channel)
+            if slot is None:
+                async with self._sessions() as session, session.begin():
+                    if self.fair_use is not None and not message.unlimited:
+                        # Counted in this transaction: a refusal rolls every count back.
+                        await self.fair_use.admit(session, _limit_subjects(message))
+                    placed = await queries.place_turn(
                         session,
                         owner=message.owner,
                         channel=message.channel,
                         external_key=message.conversation_key,
                         persona=message.persona,
+                        turn=row,
+                        event_channel=message.channel,
+                        event_id=message.event_id,
+                        announce_channel=announce_channel,
                     )
-                    _refuse_other_persona(slot, message)
-                    row["conversation_id"] = slot.conversation_id
-                    row["seq"] = slot.seq
-                    if self._begins_at_accept(slot.conversation_id):
-                        row["status"] = TurnStatus.RUNNING
-                        row["started_at"] = utcnow()
-                        begun = self._start_worker(slot.conversation_id)
-                    await queries.insert_turn(
-                        session, row, channel=message.channel, event_id=message.event_id
-                    )
-                    if announce_channel is not None:
-                        await wakeups.announce(session, slot.conversation_id)
+                    if placed is not None:
+                        slot = placed.slot
+                        if not placed.stored:
+                            _refuse_other_persona(slot, message)
+                    else:  # SQLite, or the key's first message: slot, then turn
+                        slot = await queries.take_turn_slot(
+                            session,
+                            owner=message.owner,
+                            channel=message.channel,
+                            external_key=message.conversation_key,
+                            persona=message.persona,
+                        )
+                        _refuse_other_persona(slot, message)
+                        row["conversation_id"] = slot.conversation_id
+                        row["seq"] = slot.seq
+                        if self._begins_at_accept(slot.conversation_id):
+                            row["status"] = TurnStatus.RUNNING
+                            row["started_at"] = utcnow()
+                            begun = self._start_worker(slot.conversation_id)
+                        await queries.insert_turn(
+                            session, row, channel=message.channel, event_id=message.event_id
+                        )
+                        if announce_channel is not None:
+                            await wakeups.announce(session, slot.conversation_id)
         except RateLimited as exc:
             # A redelivery of a message already accepted is acknowledged, never refused.
             return await self._find_duplicate(message) or self._refuse(message, exc.refusal)
@@ -269,6 +278,50 @@ class TurnService:
             self.streams.open(turn_id, owner=message.owner)
         self.schedule(slot.conversation_id)
         return Accepted(turn_id, slot.conversation_id, duplicate=False)
+
+    async def _place_at_once(
+        self, message: InboundMessage, row: dict[str, Any], announce_channel: str | None
+    ) -> queries.TurnSlot | None:
+        """PostgreSQL: store the message's turn with one statement and no transaction.
+
+        ``place_turn`` all or nothing, fair use's admission inside it: the checkout's
+        ping and the statement, two round trips where the transaction takes five (BEGIN,
+        fair use's statement, the turn's, COMMIT). Under load every trip is a wait for
+        the event loop while the accept holds a pooled connection (README, sixteenth
+        session). None when it does not apply (SQLite, several subjects to count
+        against) or stored nothing: the key's first message, a refusal, another persona.
+        The transaction then tells those apart, as before this path existed.
+        """
+        if not self._places_at_once:
+            return None
+        admission = None
+        if self.fair_use is not None and not message.unlimited:
+            admission = self.fair_use.admission(_limit_subjects(message))
+            if admission is None:
+                return None
+        try:
+            async with self._sessions() as session:
+                await session.connection(execution_options={"isolation_level": "AUTOCOMMIT"})
+                placed = await queries.place_turn(
+                    session,
+                    owner=message.owner,
+                    channel=message.channel,
+                    external_key=message.conversation_key,
+                    persona=message.persona,
+                    turn=row,
+                    event_channel=message.channel,
+                    event_id=message.event_id,
+                    announce_channel=announce_channel,
+                    admission=admission,
+                    all_or_nothing=True,
+                )
+        except DBAPIError as exc:
+            if getattr(exc.orig, "sqlstate", None) != DIVISION_BY_ZERO:
+                raise
+            return None  # a slot taken for a turn not stored: the statement undid it all
+        if placed is None or not placed.stored:
+            return None  # (all or nothing: a slot for a turn not stored failed above)
+        return placed.slot
 
     def _begins_at_accept(self, conversation_id: str) -> bool:
         """True when the turn being accepted can be stored running, begun by this process.

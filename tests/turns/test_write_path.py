@@ -17,9 +17,10 @@ import re
 from typing import Any
 
 import asyncpg
+import pytest
 import structlog
 from aiohttp.test_utils import TestClient
-from sqlalchemy import event, make_url
+from sqlalchemy import event, make_url, text
 
 from bot.engine.vllm_local import LocalVLLMEngine
 from bot.http.keys import SESSIONS, TURNS
@@ -27,7 +28,7 @@ from bot.storage.db import READ_ONLY, create_engine, create_sessionmaker, is_sql
 from bot.storage.models import TurnStatus
 from bot.turns import wakeups
 from bot.turns.inbound import InboundMessage
-from bot.turns.limits import FairUse
+from bot.turns.limits import MESSAGES_PER_MINUTE, FairUse
 from bot.turns.service import TurnService
 from bot.turns.settings import LimitSettings
 from bot.turns.streams import TurnStreams
@@ -205,12 +206,13 @@ def message(event_id: str, persona: str | None = None) -> InboundMessage:
     )
 
 
-async def test_an_accept_is_two_statements_on_postgresql_and_a_redelivery_is_still_found(
-    db_url: str,
+async def test_an_accept_is_one_statement_on_postgresql_and_a_redelivery_is_still_found(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Each statement of an accept is a round trip on PostgreSQL, which the ack waits
-    for: fair use (its standing and its take), then the turn number with the turn and
-    its inbound event. SQLite, with no trips to save, sends them one by one."""
+    for, and so are BEGIN and COMMIT: fair use (its standing and its take), the turn
+    number, the turn and its inbound event are one statement, outside a transaction.
+    SQLite, with no trips to save, sends them one by one in a transaction."""
     engine = create_engine(db_url)
     service = TurnService(create_sessionmaker(engine), TurnStreams())
     service.schedule = lambda conversation_id: None  # type: ignore[method-assign]  # no engine
@@ -218,10 +220,21 @@ async def test_an_accept_is_two_statements_on_postgresql_and_a_redelivery_is_sti
 
     try:
         await service.accept(message("m1"))  # creates the conversation
+        # BEGIN and COMMIT reach the server as asyncpg's plain executes, not as statements.
+        plain: list[str] = []
+        execute = asyncpg.Connection.execute
+
+        async def recorded(connection: asyncpg.Connection, query: str, *args: Any) -> Any:
+            plain.append(query)
+            return await execute(connection, query, *args)
+
+        monkeypatch.setattr(asyncpg.Connection, "execute", recorded)
         with recorded_statements(engine.sync_engine) as statements:
             accepted = await service.accept(message("m2"))
+        monkeypatch.undo()
         assert not accepted.duplicate
-        assert len(statements) == (5 if is_sqlite(db_url) else 2), statements
+        assert len(statements) == (5 if is_sqlite(db_url) else 1), statements
+        assert plain == [], plain  # no BEGIN, no COMMIT (nothing at all, on SQLite)
         again = await service.accept(message("m2"))
         assert again.duplicate and again.turn_id == accepted.turn_id
         counts = await count_rows(db_url)
@@ -235,11 +248,44 @@ async def test_an_accept_is_two_statements_on_postgresql_and_a_redelivery_is_sti
         await engine.dispose()
 
 
+async def test_a_message_its_one_statement_does_not_store_leaves_nothing_behind(
+    pg_url: str,
+) -> None:
+    """The accept's one statement runs outside a transaction and takes the turn number
+    and the minute's count before it knows whether the turn goes in: one it does not
+    store (another persona, over the limit) must leave no number, count or row behind,
+    and is refused as before."""
+    engine = create_engine(pg_url)
+    service = TurnService(create_sessionmaker(engine), TurnStreams())
+    service.schedule = lambda conversation_id: None  # type: ignore[method-assign]  # no engine
+    service.fair_use = FairUse(LimitSettings(messages_per_minute=3))
+    try:
+        for event_id in ("m1", "m2"):
+            assert not (await service.accept(message(event_id))).duplicate
+        conflict = await service.accept(message("m3", persona="pirate"))
+        assert conflict.persona_conflict is not None
+        assert not (await service.accept(message("m4"))).duplicate
+        over = await service.accept(message("m5"))
+        assert over.rate_limited is not None and over.rate_limited.limit == MESSAGES_PER_MINUTE
+        async with engine.connect() as connection:
+            next_seq = await connection.scalar(text("SELECT next_turn_seq FROM conversations"))
+            counted = await connection.scalar(
+                text("SELECT value FROM usage_counters WHERE metric = :metric"),
+                {"metric": MESSAGES_PER_MINUTE},
+            )
+        assert (next_seq, counted) == (3, 3)
+        assert [t.seq for t in await load_turns(pg_url)] == [0, 1, 2]
+        counts = await count_rows(pg_url)
+        assert (counts["turns"], counts["inbound_events"]) == (3, 3)
+    finally:
+        await engine.dispose()
+
+
 async def test_an_ingress_only_accept_announces_its_turn_in_the_same_statement(
     pg_url: str,
 ) -> None:
     """An ingress-only process wakes the workers with ``pg_notify``: on the statement that
-    stores the turn, so an accept is still two; once per stored turn, at commit, and not
+    stores the turn, so an accept is still one; once per stored turn, at commit, and not
     for a message refused for its persona (rolled back)."""
     engine = create_engine(pg_url)
     service = TurnService(create_sessionmaker(engine), TurnStreams())
@@ -265,7 +311,7 @@ async def test_an_ingress_only_accept_announces_its_turn_in_the_same_statement(
         assert await announced() == [first.conversation_id]
         with recorded_statements(engine.sync_engine) as statements:
             second = await service.accept(message("m2"))
-        assert len(statements) == 2, statements
+        assert len(statements) == 1, statements
         assert await announced() == [first.conversation_id]
         conflict = await service.accept(message("m3", persona="pirate"))
         assert conflict.persona_conflict is not None
