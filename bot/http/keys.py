@@ -24,8 +24,9 @@ SESSIONS = web.AppKey("sessions", async_sessionmaker[AsyncSession])
 READ_SESSIONS = web.AppKey("read_sessions", async_sessionmaker[AsyncSession])
 """Sessions of handlers that only read: on SQLite they never wait for, or hold, the write lock."""
 SHORT_READS = web.AppKey("short_reads", async_sessionmaker[AsyncSession])
-"""Read-only sessions for the short reads on an ack's or a turn's way (a key check, a turn's
-history): on SQLite they run on the event loop's thread, with no trip to aiosqlite's."""
+"""Read-only sessions for the short reads on an ack's way (a key check), on the requests'
+engine (a turn's own short reads have theirs on the turns'): on SQLite they run on the event
+loop's thread, with no trip to aiosqlite's."""
 TURNS = web.AppKey("turns", TurnService)
 ENGINE = web.AppKey("engine", InferenceEngine)
 HTTP_CLIENT = web.AppKey("http_client", aiohttp.ClientSession)

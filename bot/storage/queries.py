@@ -347,9 +347,9 @@ async def place_turn(
     ``IntegrityError`` (channel, event_id), as in ``insert_turn``. ``announce_channel``:
     ``pg_notify`` there with the conversation's id once the turn is stored.
     ``admission``: a further condition of the turn's (fair use's). ``all_or_nothing``
-    (``_slot_turn_and_event``): a slot taken for a turn not stored raises ``DataError``
-    (division by zero) and the statement changes nothing, for a caller outside a
-    transaction.
+    (``_slot_turn_and_event``): a slot taken for a turn not stored raises ``DBAPIError``
+    (SQLSTATE 22012, division by zero) and the statement changes nothing, for a caller
+    outside a transaction.
     """
     connection = await session.connection()
     if connection.dialect.name != "postgresql":

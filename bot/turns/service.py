@@ -210,9 +210,6 @@ class TurnService:
             slot = await self._place_at_once(message, row, announce_channel)
             if slot is None:
                 async with self._sessions() as session, session.begin():
-                    if self.fair_use is not None and not message.unlimited:
-                        # Counted in this transaction: a refusal rolls every count back.
-                        await self.fair_use.admit(session, _limit_subjects(message))
                     placed = await queries.place_turn(
                         session,
                         owner=message.owner,
@@ -228,6 +225,7 @@ class TurnService:
                         slot = placed.slot
                         if not placed.stored:
                             _refuse_other_persona(slot, message)
+                        await self._admit(session, message)
                     else:  # SQLite, or the key's first message: slot, then turn
                         slot = await queries.take_turn_slot(
                             session,
@@ -237,6 +235,7 @@ class TurnService:
                             persona=message.persona,
                         )
                         _refuse_other_persona(slot, message)
+                        await self._admit(session, message)
                         row["conversation_id"] = slot.conversation_id
                         row["seq"] = slot.seq
                         if self._begins_at_accept(slot.conversation_id):
@@ -278,6 +277,18 @@ class TurnService:
             self.streams.open(turn_id, owner=message.owner)
         self.schedule(slot.conversation_id)
         return Accepted(turn_id, slot.conversation_id, duplicate=False)
+
+    async def _admit(self, session: AsyncSession, message: InboundMessage) -> None:
+        """Count the message against its fair-use subjects in the accept's transaction, or
+        raise ``RateLimited`` (which rolls every count back with the rest).
+
+        After the conversation's row is locked (its turn number taken), never before: the
+        one-statement accept (``_place_at_once``) locks the row, then the subject's
+        counter, and locks taken in the other order here would deadlock with it (a burst
+        on a new conversation: one message here, the next in one statement).
+        """
+        if self.fair_use is not None and not message.unlimited:
+            await self.fair_use.admit(session, _limit_subjects(message))
 
     async def _place_at_once(
         self, message: InboundMessage, row: dict[str, Any], announce_channel: str | None
@@ -447,6 +458,9 @@ class TurnService:
                     target = await queries.get_turn(session, turn_id)
                 if target is None:
                     raise LookupError(turn_id)
+                # Locks the conversation: the checks in fork_turn hold until commit. Before
+                # fair use's take, as in every accept (``accept``: one order, no deadlock).
+                seq = await queries.allocate_turn_seq(session, target.conversation_id)
                 if self.fair_use is not None:
                     await self.fair_use.admit(
                         session,
@@ -456,8 +470,6 @@ class TurnService:
                             user_id=target.user_id,
                         ),
                     )
-                # Locks the conversation: the checks in fork_turn hold until commit.
-                seq = await queries.allocate_turn_seq(session, target.conversation_id)
                 turn = await fork_turn(session, target, seq, edit=edit)
                 session.add(turn)
                 await session.flush()

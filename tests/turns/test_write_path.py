@@ -29,7 +29,7 @@ from bot.storage.models import TurnStatus
 from bot.turns import wakeups
 from bot.turns.inbound import InboundMessage
 from bot.turns.limits import MESSAGES_PER_MINUTE, FairUse
-from bot.turns.service import TurnService
+from bot.turns.service import Accepted, TurnService
 from bot.turns.settings import LimitSettings
 from bot.turns.streams import TurnStreams
 from tests.conftest import MakeClient, issue_key
@@ -193,6 +193,10 @@ async def test_a_message_sent_while_its_conversation_generates_waits_and_is_answ
         assert after.started_at >= before.finished_at
 
 
+FAIR_USE_NOW = 1_800_000_030.0
+"""Half a minute into a minute: a test's messages all count in the same one."""
+
+
 def message(event_id: str, persona: str | None = None) -> InboundMessage:
     """A message of user u to conversation c over the API (the accept-level tests)."""
     return InboundMessage(
@@ -258,7 +262,7 @@ async def test_a_message_its_one_statement_does_not_store_leaves_nothing_behind(
     engine = create_engine(pg_url)
     service = TurnService(create_sessionmaker(engine), TurnStreams())
     service.schedule = lambda conversation_id: None  # type: ignore[method-assign]  # no engine
-    service.fair_use = FairUse(LimitSettings(messages_per_minute=3))
+    service.fair_use = FairUse(LimitSettings(messages_per_minute=3), clock=lambda: FAIR_USE_NOW)
     try:
         for event_id in ("m1", "m2"):
             assert not (await service.accept(message(event_id))).duplicate
@@ -278,6 +282,56 @@ async def test_a_message_its_one_statement_does_not_store_leaves_nothing_behind(
         counts = await count_rows(pg_url)
         assert (counts["turns"], counts["inbound_events"]) == (3, 3)
     finally:
+        await engine.dispose()
+
+
+WAITING_FOR_A_LOCK = (
+    "SELECT count(*) FROM pg_stat_activity"
+    " WHERE wait_event_type = 'Lock' AND datname = current_database()"
+)
+
+
+async def test_the_conversation_is_locked_before_the_fair_use_counter_by_every_accept(
+    pg_url: str,
+) -> None:
+    """The one-statement accept locks the conversation's row, then the subject's counter
+    of messages. The transaction (a key's first message, a refusal told apart) and a
+    regenerate take both too: in the other order two of them would deadlock (a burst on a
+    new conversation, a regenerate beside a message) and PostgreSQL would abort one.
+    With the counter held elsewhere, each waits for it holding the conversation."""
+    engine = create_engine(pg_url)
+    service = TurnService(create_sessionmaker(engine), TurnStreams())
+    service.schedule = lambda conversation_id: None  # type: ignore[method-assign]  # no engine
+    service.fair_use = FairUse(LimitSettings(messages_per_minute=100), clock=lambda: FAIR_USE_NOW)
+    plain_url = make_url(pg_url).set(drivername="postgresql").render_as_string(hide_password=False)
+    holder, probe = await asyncpg.connect(plain_url), await asyncpg.connect(plain_url)
+    try:
+        await service.accept(message("m1"))  # the conversation and the counter's row
+        service._places_at_once = False  # the transaction, as for a refusal told apart
+
+        async def regenerate_latest() -> Accepted:
+            latest = max(await load_turns(pg_url), key=lambda turn: turn.seq)
+            return await service.regenerate(latest.id)
+
+        for attempt in (lambda: service.accept(message("m2")), regenerate_latest):
+            await probe.execute("UPDATE turns SET status = 'failed'")  # ended: may be regenerated
+            holding = holder.transaction()
+            await holding.start()
+            await holder.execute(
+                "SELECT 1 FROM usage_counters WHERE metric = $1 FOR UPDATE", MESSAGES_PER_MINUTE
+            )
+            task = asyncio.create_task(attempt())
+            async with asyncio.timeout(10):
+                while await probe.fetchval(WAITING_FOR_A_LOCK) < 1:  # noqa: ASYNC110 - polled
+                    await asyncio.sleep(0.02)
+            with pytest.raises(asyncpg.LockNotAvailableError):
+                await probe.execute("SELECT 1 FROM conversations FOR UPDATE NOWAIT")
+            await holding.rollback()
+            assert not (await task).duplicate
+        assert len(await load_turns(pg_url)) == 3
+    finally:
+        await holder.close()
+        await probe.close()
         await engine.dispose()
 
 
