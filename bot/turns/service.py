@@ -210,17 +210,7 @@ class TurnService:
             slot = await self._place_at_once(message, row, announce_channel)
             if slot is None:
                 async with self._sessions() as session, session.begin():
-                    placed = await queries.place_turn(
-                        session,
-                        owner=message.owner,
-                        channel=message.channel,
-                        external_key=message.conversation_key,
-                        persona=message.persona,
-                        turn=row,
-                        event_channel=message.channel,
-                        event_id=message.event_id,
-                        announce_channel=announce_channel,
-                    )
+                    placed = await _place_turn(session, message, row, announce_channel)
                     if placed is not None:
                         slot = placed.slot
                         if not placed.stored:
@@ -313,16 +303,11 @@ class TurnService:
         try:
             async with self._sessions() as session:
                 await session.connection(execution_options={"isolation_level": "AUTOCOMMIT"})
-                placed = await queries.place_turn(
+                placed = await _place_turn(
                     session,
-                    owner=message.owner,
-                    channel=message.channel,
-                    external_key=message.conversation_key,
-                    persona=message.persona,
-                    turn=row,
-                    event_channel=message.channel,
-                    event_id=message.event_id,
-                    announce_channel=announce_channel,
+                    message,
+                    row,
+                    announce_channel,
                     admission=admission,
                     all_or_nothing=True,
                 )
@@ -800,6 +785,31 @@ def _refuse_other_persona(slot: queries.TurnSlot, message: InboundMessage) -> No
     """
     if message.persona is not None and slot.persona != message.persona:
         raise _PersonaConflictError(PersonaConflict(slot.persona, message.persona))
+
+
+async def _place_turn(
+    session: AsyncSession,
+    message: InboundMessage,
+    row: dict[str, Any],
+    announce_channel: str | None,
+    *,
+    admission: queries.Admission | None = None,
+    all_or_nothing: bool = False,
+) -> queries.PlacedTurn | None:
+    """``queries.place_turn`` for ``message``'s turn ``row`` (both ways of ``accept``)."""
+    return await queries.place_turn(
+        session,
+        owner=message.owner,
+        channel=message.channel,
+        external_key=message.conversation_key,
+        persona=message.persona,
+        turn=row,
+        event_channel=message.channel,
+        event_id=message.event_id,
+        announce_channel=announce_channel,
+        admission=admission,
+        all_or_nothing=all_or_nothing,
+    )
 
 
 def _limit_subjects(message: InboundMessage) -> list[str]:
