@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import re
 from typing import Any
@@ -28,8 +29,8 @@ from bot.storage.db import READ_ONLY, create_engine, create_sessionmaker, is_sql
 from bot.storage.models import TurnStatus
 from bot.turns import wakeups
 from bot.turns.inbound import InboundMessage
-from bot.turns.limits import MESSAGES_PER_MINUTE, FairUse
-from bot.turns.service import Accepted, TurnService
+from bot.turns.limits import DAY_S, MESSAGES_PER_MINUTE, TOKENS_PER_DAY, FairUse
+from bot.turns.service import Accepted, TurnService, _limit_subjects
 from bot.turns.settings import LimitSettings
 from bot.turns.streams import TurnStreams
 from tests.conftest import MakeClient, issue_key
@@ -281,6 +282,80 @@ async def test_a_message_its_one_statement_does_not_store_leaves_nothing_behind(
         assert [t.seq for t in await load_turns(pg_url)] == [0, 1, 2]
         counts = await count_rows(pg_url)
         assert (counts["turns"], counts["inbound_events"]) == (3, 3)
+    finally:
+        await engine.dispose()
+
+
+async def test_a_message_over_its_days_tokens_is_refused_and_its_one_statement_leaves_nothing(
+    pg_url: str,
+) -> None:
+    """The one statement checks the subject's tokens today too: a message from a user
+    whose day is spent takes no turn number and no minute's count, stores nothing, and
+    is refused for its tokens, with the time to the next day."""
+    engine = create_engine(pg_url)
+    service = TurnService(create_sessionmaker(engine), TurnStreams())
+    service.schedule = lambda conversation_id: None  # type: ignore[method-assign]  # no engine
+    fair_use = FairUse(
+        LimitSettings(messages_per_minute=10, tokens_per_day=100), clock=lambda: FAIR_USE_NOW
+    )
+    service.fair_use = fair_use
+    try:
+        assert not (await service.accept(message("m1"))).duplicate  # creates the conversation
+        async with create_sessionmaker(engine)() as session, session.begin():
+            await fair_use.charge(session, _limit_subjects(message("m1")), 100)
+        with recorded_statements(engine.sync_engine) as statements:
+            spent = await service.accept(message("m2"))
+        assert spent.rate_limited is not None, spent
+        assert spent.rate_limited.limit == TOKENS_PER_DAY
+        assert spent.rate_limited.retry_after_s == DAY_S - FAIR_USE_NOW % DAY_S
+        # The one statement ran first (and undid itself); the transaction told the refusal.
+        assert statements[0].startswith("WITH slot AS"), statements[0]
+        async with engine.connect() as connection:
+            next_seq = await connection.scalar(text("SELECT next_turn_seq FROM conversations"))
+            counted = await connection.scalar(
+                text("SELECT value FROM usage_counters WHERE metric = :metric"),
+                {"metric": MESSAGES_PER_MINUTE},
+            )
+        assert (next_seq, counted) == (1, 1)
+        counts = await count_rows(pg_url)
+        assert (counts["turns"], counts["inbound_events"]) == (1, 1)
+    finally:
+        await engine.dispose()
+
+
+async def test_a_message_that_counts_against_no_one_is_stored_by_the_one_statement(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A message with no key and no user (a webhook that names no sender) counts against
+    no one: its one statement stores it whatever the limits, and counts nothing."""
+    engine = create_engine(pg_url)
+    service = TurnService(create_sessionmaker(engine), TurnStreams())
+    service.schedule = lambda conversation_id: None  # type: ignore[method-assign]  # no engine
+    service.fair_use = FairUse(
+        LimitSettings(messages_per_minute=1, tokens_per_day=1), clock=lambda: FAIR_USE_NOW
+    )
+    anonymous = [dataclasses.replace(message(f"m{i}"), user_id=None) for i in range(4)]
+    assert _limit_subjects(anonymous[0]) == []
+    # BEGIN and COMMIT reach the server as asyncpg's plain executes, not as statements.
+    plain: list[str] = []
+    execute = asyncpg.Connection.execute
+
+    async def recorded(connection: asyncpg.Connection, query: str, *args: Any) -> Any:
+        plain.append(query)
+        return await execute(connection, query, *args)
+
+    monkeypatch.setattr(asyncpg.Connection, "execute", recorded)
+    try:
+        for i, each in enumerate(anonymous):
+            plain.clear()
+            with recorded_statements(engine.sync_engine) as statements:
+                accepted = await service.accept(each)
+            assert accepted.rate_limited is None and not accepted.duplicate
+            if i:  # the first creates the conversation, in a transaction
+                assert (len(statements), plain) == (1, []), (statements, plain)
+        assert [t.seq for t in await load_turns(pg_url)] == [0, 1, 2, 3]
+        async with engine.connect() as connection:
+            assert await connection.scalar(text("SELECT count(*) FROM usage_counters")) == 0
     finally:
         await engine.dispose()
 
