@@ -111,12 +111,17 @@ class FirstTextClock(LocalVLLMEngine):
         super().__init__(settings)
         self.text_after_token_ms: dict[str, float] = {}
         """Per request id: ms from the chunk with its first token to the one with its first text."""
+        self.asked_at: dict[str, float] = {}
+        """Per request id: when the service called ``generate`` (perf_counter)."""
+        self.first_text_at: dict[str, float] = {}
+        """Per request id: when the chunk with its first text reached the service."""
         self.to_text_ms: dict[str, float] = {}
         """Per request id: ms from the request to the chunk with its first text, all of it in
         vLLM (its engine client in this process, the engine core's queue and steps)."""
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
         asked = time.perf_counter()
+        self.asked_at[request.request_id] = asked
         first_token: float | None = None
         async for chunk in super().generate(request):
             now = time.perf_counter()
@@ -126,6 +131,7 @@ class FirstTextClock(LocalVLLMEngine):
             if first_text and first_token is not None:
                 self.text_after_token_ms[request.request_id] = (now - first_token) * 1000
                 self.to_text_ms[request.request_id] = (now - asked) * 1000
+                self.first_text_at[request.request_id] = now
             yield chunk
 
 
@@ -265,6 +271,20 @@ async def main(args: argparse.Namespace) -> None:
         if r.get("turn_id") in engine.to_text_ms
     ]
 
+    # The same, split at the engine: from the POST sent to ``generate`` called (the ack,
+    # the turn's start, history, prompt), and from the first text's chunk to the client's
+    # first delta (the stream's hops to the client). perf_counter is one clock per host.
+    service_before_engine = [
+        (engine.asked_at[r["turn_id"]] - r["sent_at"]) * 1000
+        for r in results
+        if r.get("turn_id") in engine.first_text_at
+    ]
+    service_after_engine = [
+        (r["first_delta_at"] - engine.first_text_at[r["turn_id"]]) * 1000
+        for r in results
+        if r.get("turn_id") in engine.first_text_at
+    ]
+
     share = 100 * cached / max(1, cacheable)
     e2e_ratio = service_e2e / direct_e2e
     wall_ratio = service_wall / direct_wall
@@ -291,6 +311,8 @@ async def main(args: argparse.Namespace) -> None:
         ("  of it, engine steps until the first text", steps_to_text),
         ("service to the first text (the rest)", service_to_text),
         ("service's own: client TTFT - time in vLLM to it", service_own),
+        ("  POST sent -> generate called", service_before_engine),
+        ("  first text from vLLM -> client's first delta", service_after_engine),
         ("engine's queue + prefill in those turns", engine_part),
         ("client TTFT through the service", [r["ttft_ms"] for r in results]),
         ("engine TTFT, same prompts sent directly", direct_ttft),

@@ -70,6 +70,10 @@ async def read_stream(response: aiohttp.ClientResponse, started: float) -> dict[
                 done = {"kind": kind, **json.loads(line[6:])}
     ended = time.perf_counter()
     return {
+        # perf_counter is the host's monotonic clock: the service's process can set its own
+        # marks against these two.
+        "sent_at": started,
+        "first_delta_at": first_delta or ended,
         "ttft_ms": ((first_delta or ended) - started) * 1000,
         "e2e_ms": (ended - started) * 1000,
         **done,
