@@ -18,6 +18,7 @@ import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
+import structlog
 from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -34,6 +35,15 @@ KEY_CHECK_TTL_S = 1.0
 """How long a key found valid is trusted without asking the database again: a revocation
 or rotation (possibly by another process) takes effect within this."""
 KEYS_REMEMBERED = 10_000
+REFRESH_EVERY_S = KEY_CHECK_TTL_S / 2
+"""How often ``keep_keys_fresh`` checks the keys in use again, all in one read."""
+KEPT_FRESH_FOR_S = 15 * 60.0
+"""How long after its last request a key is still checked again in the background: a
+person typing in a chat sends a message every few seconds to minutes, each of which
+would otherwise wait for its key's lookup (0.6 ms on SQLite, a round trip and a pooled
+connection on PostgreSQL) once the second is up."""
+REFRESHED_AT_ONCE = 500
+"""Keys per background read (the IN list's length)."""
 
 
 @dataclass(frozen=True)
@@ -52,12 +62,14 @@ class Principal:
     scopes: frozenset[str]
 
 
-@dataclass(frozen=True)
+@dataclass
 class _Checked:
     principal: Principal
     expires_at: dt.datetime | None
     checked_at: float
-    """``time.monotonic()`` of the database lookup."""
+    """``time.monotonic()`` of the database lookup (or its start, in the background)."""
+    used_at: float
+    """``time.monotonic()`` of the last request that presented the key."""
 
 
 class _Retry:
@@ -65,6 +77,8 @@ class _Retry:
 
 
 _RETRY = _Retry()
+
+log = structlog.get_logger(__name__)
 
 
 @dataclass
@@ -144,11 +158,13 @@ async def authenticate(
     known = _known.setdefault(read_sessions, _KnownKeys())
     while True:
         hit = known.checked.get(digest)
+        now = time.monotonic()
         if (
             hit is not None
-            and time.monotonic() - hit.checked_at < KEY_CHECK_TTL_S
+            and now - hit.checked_at < KEY_CHECK_TTL_S
             and (hit.expires_at is None or as_utc(hit.expires_at) > utcnow())
         ):
+            hit.used_at = now
             return hit.principal
         # Once the second is up, every request of a burst with that key would look it
         # up at once, each holding a pooled connection meanwhile (on a busy SQLite
@@ -209,12 +225,92 @@ async def _check_stored(
     if record.expires_at is not None and as_utc(record.expires_at) <= now:
         return None
     if record.last_used_at is None or now - as_utc(record.last_used_at) > LAST_USED_RESOLUTION:
-        async with sessions() as session, session.begin():
-            await session.execute(
-                update(ApiKey).where(ApiKey.id == record.id).values(last_used_at=now)
-            )
-    principal = Principal(record.id, record.owner, frozenset(record.scopes.split(",")))
-    known.checked[digest] = _Checked(principal, record.expires_at, looked_up_at)
+        await _note_use(sessions, {record.id: now})
+    principal = _principal(record)
+    known.checked[digest] = _Checked(principal, record.expires_at, looked_up_at, looked_up_at)
     while len(known.checked) > KEYS_REMEMBERED:
         known.checked.popitem(last=False)
     return principal
+
+
+def _principal(record: ApiKey) -> Principal:
+    return Principal(record.id, record.owner, frozenset(record.scopes.split(",")))
+
+
+async def _note_use(
+    sessions: async_sessionmaker[AsyncSession], used: dict[str, dt.datetime]
+) -> None:
+    """Write keys' ``last_used_at`` (informational, to the minute: a short write)."""
+    async with sessions() as session, session.begin():
+        for key_id, when in used.items():
+            await session.execute(
+                update(ApiKey).where(ApiKey.id == key_id).values(last_used_at=when)
+            )
+
+
+async def keep_keys_fresh(
+    read_sessions: async_sessionmaker[AsyncSession],
+    sessions: async_sessionmaker[AsyncSession],
+) -> None:
+    """Check the keys in use again every ``REFRESH_EVERY_S``, so that their requests find
+    them checked (``authenticate``); runs until cancelled (the app's lifetime).
+
+    A key presented in the last ``KEPT_FRESH_FOR_S`` is read again with the others in
+    one statement; one revoked, expired, rotated or deleted meanwhile is forgotten, and
+    its next request looks it up and is refused. A failed read is logged and changes
+    nothing: the keys then age out and their requests look them up, as without this.
+    Revocation still takes effect within ``KEY_CHECK_TTL_S`` either way.
+    """
+    known = _known.setdefault(read_sessions, _KnownKeys())
+    while True:
+        await asyncio.sleep(REFRESH_EVERY_S)
+        try:
+            await _refresh(read_sessions, sessions, known)
+        except Exception as exc:  # the database is down or busy: requests look keys up
+            log.warning("key_refresh_failed", error=type(exc).__name__)
+
+
+async def _refresh(
+    read_sessions: async_sessionmaker[AsyncSession],
+    sessions: async_sessionmaker[AsyncSession],
+    known: _KnownKeys,
+) -> None:
+    started = time.monotonic()
+    in_use = {
+        digest: checked
+        for digest, checked in known.checked.items()
+        if started - checked.used_at < KEPT_FRESH_FOR_S
+    }
+    by_id = {checked.principal.key_id: digest for digest, checked in in_use.items()}
+    ids = list(by_id)
+    for chunk in (ids[i : i + REFRESHED_AT_ONCE] for i in range(0, len(ids), REFRESHED_AT_ONCE)):
+        async with read_sessions() as session:
+            records = {
+                record.id: record
+                for record in await session.scalars(select(ApiKey).where(ApiKey.id.in_(chunk)))
+            }
+        now = utcnow()
+        used: dict[str, dt.datetime] = {}
+        for key_id in chunk:
+            digest = by_id[key_id]
+            record = records.get(key_id)
+            if record is None or not (
+                hmac.compare_digest(digest, record.secret_hash)
+                and record.revoked_at is None
+                and (record.expires_at is None or as_utc(record.expires_at) > now)
+            ):
+                known.checked.pop(digest, None)  # its next request is looked up, and refused
+                continue
+            checked = known.checked.get(digest)
+            if checked is None:
+                continue  # forgotten meanwhile (pushed out by newer keys)
+            checked.principal = _principal(record)
+            checked.expires_at = record.expires_at
+            checked.checked_at = max(checked.checked_at, started)
+            # The requests that would have written it found the key checked here.
+            presented_at = now - dt.timedelta(seconds=time.monotonic() - checked.used_at)
+            stored = record.last_used_at
+            if stored is None or presented_at - as_utc(stored) > LAST_USED_RESOLUTION:
+                used[key_id] = presented_at
+        if used:
+            await _note_use(sessions, used)

@@ -7,12 +7,14 @@ turn service (which resumes queued turns on start and drains on stop).
 
 from __future__ import annotations
 
+import asyncio
 import gc
 from collections.abc import AsyncIterator
 
 import structlog
 from aiohttp import web
 
+from bot.apikeys import keep_keys_fresh
 from bot.channels.kind import Wiring
 from bot.channels.registry import CHANNELS
 from bot.config import Settings
@@ -165,9 +167,16 @@ async def create_app(
         # collection; what the service makes from now on is collected as before.
         # (No collection first: it would take as long, at every start of the tests' apps.)
         gc.freeze()
+        # The keys in use are checked again in the background: a request finds its key
+        # checked instead of waiting for its lookup once a second is up.
+        key_checks = asyncio.create_task(
+            keep_keys_fresh(app[SHORT_READS], sessions), name="keep_keys_fresh"
+        )
         log.info("service_started", host=settings.server.host, port=settings.server.port)
         yield
         gc.unfreeze()  # another app may be made in this process (the tests make many)
+        key_checks.cancel()
+        await asyncio.gather(key_checks, return_exceptions=True)
         # ops.drain (on_shutdown) has drained the turns already; this is a no-op then.
         await turns.shutdown(settings.server.shutdown_grace_s)
         if policy.compactor is not None:

@@ -11,22 +11,27 @@ trip on PostgreSQL), the case where requests overlap.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import datetime as dt
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from sqlalchemy import event
+from sqlalchemy import event, select, update
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
-from bot.apikeys import Principal, authenticate
+from bot.apikeys import KEY_CHECK_TTL_S, Principal, authenticate, keep_keys_fresh
 from bot.storage.db import (
     create_engine,
     create_read_sessionmaker,
     create_sessionmaker,
     storage_unavailable,
 )
+from bot.storage.models import ApiKey, utcnow
+from bot.storage.queries import as_utc
 from tests.conftest import issue_key
 
 BURST = 20
@@ -126,3 +131,76 @@ async def test_a_lookup_the_database_fails_fails_for_its_waiters_and_is_not_reme
     principal = await authenticate(store.reads, store.sessions, key)
     assert isinstance(principal, Principal) and principal.owner == "fault"
     assert len(store.lookups) == 2
+
+
+@contextlib.asynccontextmanager
+async def kept_fresh(store: KeyStore) -> AsyncIterator[None]:
+    """``keep_keys_fresh`` running, as in a serving app's lifetime."""
+    task = asyncio.create_task(keep_keys_fresh(store.reads, store.sessions))
+    try:
+        yield
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_a_key_in_use_is_checked_again_before_its_next_request_needs_it(
+    db_url: str, store: KeyStore
+) -> None:
+    """A person's messages come seconds apart, more than the second a checked key is
+    trusted: each would wait for its key's lookup. Kept fresh in the background, the
+    key is found checked; only the background reads it."""
+    key = await issue_key(db_url, "typist")
+    async with kept_fresh(store):
+        assert await authenticate(store.reads, store.sessions, key) is not None
+        for _ in range(2):
+            await asyncio.sleep(KEY_CHECK_TTL_S * 1.5)  # a person typing
+            before = len(store.lookups)
+            # A key found checked is answered without an await: nothing else runs meanwhile.
+            principal = await authenticate(store.reads, store.sessions, key)
+            assert isinstance(principal, Principal) and principal.owner == "typist"
+            assert len(store.lookups) == before, "the request looked its key up itself"
+        assert len(store.lookups) >= 3, "the background should have read the key meanwhile"
+
+
+async def test_a_key_revoked_while_kept_fresh_is_refused_within_a_second(
+    db_url: str, store: KeyStore
+) -> None:
+    key = await issue_key(db_url, "revoked")
+    async with kept_fresh(store):
+        assert await authenticate(store.reads, store.sessions, key) is not None
+        await asyncio.sleep(KEY_CHECK_TTL_S * 1.5)  # refreshed at least once by now
+        async with store.sessions() as session, session.begin():
+            await session.execute(update(ApiKey).values(revoked_at=utcnow()))
+        revoked_at = time.monotonic()
+        while await authenticate(store.reads, store.sessions, key) is not None:
+            assert time.monotonic() - revoked_at < KEY_CHECK_TTL_S, "still accepted"
+            await asyncio.sleep(0.02)
+
+
+async def test_a_key_found_checked_still_has_its_use_written_to_the_minute(
+    db_url: str, store: KeyStore
+) -> None:
+    """``last_used_at`` is what ``botctl keys list`` shows: a key whose requests find it
+    checked must still be recorded as used, when it was presented, not when it was
+    checked again."""
+    key = await issue_key(db_url, "shown")
+    long_ago = utcnow() - dt.timedelta(minutes=10)
+
+    async def last_used() -> dt.datetime:
+        async with store.sessions() as session:
+            stored = await session.scalar(select(ApiKey.last_used_at))
+        assert stored is not None
+        return as_utc(stored)
+
+    assert await authenticate(store.reads, store.sessions, key) is not None
+    async with kept_fresh(store):
+        async with store.sessions() as session, session.begin():
+            await session.execute(update(ApiKey).values(last_used_at=long_ago))
+        presented = utcnow()
+        assert await authenticate(store.reads, store.sessions, key) is not None  # checked
+        await asyncio.sleep(KEY_CHECK_TTL_S * 2)
+        written = await last_used()
+    assert (
+        presented - dt.timedelta(seconds=0.1) <= written <= presented + dt.timedelta(seconds=0.1)
+    ), (presented, written)
