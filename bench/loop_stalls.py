@@ -35,6 +35,7 @@ import asyncio
 import asyncio.base_events
 import asyncio.events
 import atexit
+import functools
 import gc
 import runpy
 import sys
@@ -88,7 +89,14 @@ def what_runs(handle: asyncio.events.Handle) -> str:
     if isinstance(owner, asyncio.Task):
         coro: Any = owner.get_coro()
         return f"task {getattr(coro, '__qualname__', type(coro).__name__)}"
-    return f"callback {getattr(callback, '__qualname__', repr(callback))}"
+    # Named, never repr()'d: a repr can change what it shows. aiohttp's ClientResponse
+    # caches ``headers`` on first access (``reify``): the repr of a callback bound to one
+    # that has not started yet caches None, and its start then fails (389 Slack
+    # deliveries in one run, 'NoneType' object has no attribute 'getall').
+    if isinstance(callback, functools.partial):
+        callback = callback.func
+    name = getattr(callback, "__qualname__", None) or type(callback).__qualname__
+    return f"callback {name}"
 
 
 original_run = asyncio.events.Handle._run
