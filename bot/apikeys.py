@@ -19,9 +19,10 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import structlog
-from sqlalchemy import select, update
+from sqlalchemy import bindparam, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from bot.storage.db import storage_unavailable
 from bot.storage.models import ApiKey, utcnow
 from bot.storage.queries import as_utc
 
@@ -226,15 +227,22 @@ async def _check_stored(
         return None
     if record.last_used_at is None or now - as_utc(record.last_used_at) > LAST_USED_RESOLUTION:
         await _note_use(sessions, {record.id: now})
-    principal = _principal(record)
+    principal = _principal(record.id, record.owner, record.scopes)
     known.checked[digest] = _Checked(principal, record.expires_at, looked_up_at, looked_up_at)
     while len(known.checked) > KEYS_REMEMBERED:
         known.checked.popitem(last=False)
     return principal
 
 
-def _principal(record: ApiKey) -> Principal:
-    return Principal(record.id, record.owner, frozenset(record.scopes.split(",")))
+def _principal(key_id: str, owner: str, scopes: str) -> Principal:
+    return Principal(key_id, owner, frozenset(scopes.split(",")))
+
+
+_NOTE_USE = (
+    update(ApiKey.__table__)  # type: ignore[arg-type]  # a Table: one executemany
+    .where(ApiKey.__table__.c.id == bindparam("key_id"))
+    .values(last_used_at=bindparam("when"))
+)
 
 
 async def _note_use(
@@ -242,10 +250,13 @@ async def _note_use(
 ) -> None:
     """Write keys' ``last_used_at`` (informational, to the minute: a short write)."""
     async with sessions() as session, session.begin():
-        for key_id, when in used.items():
-            await session.execute(
-                update(ApiKey).where(ApiKey.id == key_id).values(last_used_at=when)
-            )
+        await session.execute(
+            _NOTE_USE, [{"key_id": key_id, "when": when} for key_id, when in used.items()]
+        )
+
+
+REFRESH_RETRY_MAX_S = 8.0
+"""The longest pause between refreshes while they fail (the database is away)."""
 
 
 async def keep_keys_fresh(
@@ -257,17 +268,45 @@ async def keep_keys_fresh(
 
     A key presented in the last ``KEPT_FRESH_FOR_S`` is read again with the others in
     one statement; one revoked, expired, rotated or deleted meanwhile is forgotten, and
-    its next request looks it up and is refused. A failed read is logged and changes
-    nothing: the keys then age out and their requests look them up, as without this.
-    Revocation still takes effect within ``KEY_CHECK_TTL_S`` either way.
+    its next request looks it up and is refused. A failed read changes nothing: the keys
+    then age out and their requests look them up, as without this; the refreshes back
+    off while they fail. Revocation takes effect within ``KEY_CHECK_TTL_S`` either way.
     """
     known = _known.setdefault(read_sessions, _KnownKeys())
+    loop = asyncio.get_running_loop()
+    failures = 0
+    due = loop.time()
     while True:
-        await asyncio.sleep(REFRESH_EVERY_S)
+        # On a fixed beat, not a pause after each refresh: a slow one (a write waiting
+        # for SQLite's lock) must not let the keys in use lapse.
+        due = max(due + REFRESH_EVERY_S, loop.time())
+        if failures:
+            due += min(REFRESH_RETRY_MAX_S, REFRESH_EVERY_S * 2**failures)
+        await asyncio.sleep(due - loop.time())
         try:
             await _refresh(read_sessions, sessions, known)
-        except Exception as exc:  # the database is down or busy: requests look keys up
-            log.warning("key_refresh_failed", error=type(exc).__name__)
+        except Exception as exc:
+            if not failures:  # once, not every half second while the database is away
+                if storage_unavailable(exc):
+                    log.warning("key_refresh_failed", error=type(exc).__name__)
+                else:
+                    log.exception("key_refresh_failed")
+            failures += 1
+        else:
+            if failures:
+                log.info("key_refresh_recovered", failed=failures)
+            failures = 0
+
+
+_REFRESHED_COLUMNS = (
+    ApiKey.id,
+    ApiKey.owner,
+    ApiKey.scopes,
+    ApiKey.secret_hash,
+    ApiKey.revoked_at,
+    ApiKey.expires_at,
+    ApiKey.last_used_at,
+)
 
 
 async def _refresh(
@@ -285,10 +324,9 @@ async def _refresh(
     ids = list(by_id)
     for chunk in (ids[i : i + REFRESHED_AT_ONCE] for i in range(0, len(ids), REFRESHED_AT_ONCE)):
         async with read_sessions() as session:
-            records = {
-                record.id: record
-                for record in await session.scalars(select(ApiKey).where(ApiKey.id.in_(chunk)))
-            }
+            # Columns, not entities: this runs on the loop's thread on SQLite (in place).
+            rows = await session.execute(select(*_REFRESHED_COLUMNS).where(ApiKey.id.in_(chunk)))
+            records = {row.id: row for row in rows}
         now = utcnow()
         used: dict[str, dt.datetime] = {}
         for key_id in chunk:
@@ -304,7 +342,7 @@ async def _refresh(
             checked = known.checked.get(digest)
             if checked is None:
                 continue  # forgotten meanwhile (pushed out by newer keys)
-            checked.principal = _principal(record)
+            checked.principal = _principal(record.id, record.owner, record.scopes)
             checked.expires_at = record.expires_at
             checked.checked_at = max(checked.checked_at, started)
             # The requests that would have written it found the key checked here.

@@ -22,8 +22,15 @@ import pytest
 from sqlalchemy import event, select, update
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+from structlog.testing import capture_logs
 
-from bot.apikeys import KEY_CHECK_TTL_S, Principal, authenticate, keep_keys_fresh
+from bot.apikeys import (
+    KEY_CHECK_TTL_S,
+    REFRESH_EVERY_S,
+    Principal,
+    authenticate,
+    keep_keys_fresh,
+)
 from bot.storage.db import (
     create_engine,
     create_read_sessionmaker,
@@ -198,9 +205,34 @@ async def test_a_key_found_checked_still_has_its_use_written_to_the_minute(
         async with store.sessions() as session, session.begin():
             await session.execute(update(ApiKey).values(last_used_at=long_ago))
         presented = utcnow()
-        assert await authenticate(store.reads, store.sessions, key) is not None  # checked
+        before = len(store.lookups)
+        assert await authenticate(store.reads, store.sessions, key) is not None
+        assert len(store.lookups) == before, "looked up: its lookup, not the refresh, wrote"
         await asyncio.sleep(KEY_CHECK_TTL_S * 2)
         written = await last_used()
     assert (
         presented - dt.timedelta(seconds=0.1) <= written <= presented + dt.timedelta(seconds=0.1)
     ), (presented, written)
+
+
+async def test_a_refresh_the_database_fails_leaves_the_requests_to_look_their_keys_up(
+    db_url: str, store: KeyStore
+) -> None:
+    """The background read fails (the database went away): nothing is trusted longer for
+    it, the key ages out and its next request looks it up itself; the failure is logged
+    once, and the refreshes go on once the database answers."""
+    key = await issue_key(db_url, "outage")
+    lost = OperationalError("SELECT api_keys", {}, Exception("server closed the connection"))
+    with capture_logs() as logs:
+        async with kept_fresh(store):
+            assert await authenticate(store.reads, store.sessions, key) is not None
+            store.failures.append(lost)  # the next read of api_keys: the refresh's
+            await asyncio.sleep(KEY_CHECK_TTL_S * 1.5)
+            assert not store.failures, "the refresh should have failed by now"
+            before = len(store.lookups)
+            principal = await authenticate(store.reads, store.sessions, key)
+            assert isinstance(principal, Principal) and principal.owner == "outage"
+            assert len(store.lookups) == before + 1, "the key aged out: its request looks"
+            await asyncio.sleep(REFRESH_EVERY_S * 6)  # past the back-off
+    events = [entry["event"] for entry in logs if entry["event"].startswith("key_refresh")]
+    assert events == ["key_refresh_failed", "key_refresh_recovered"], events
