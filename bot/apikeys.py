@@ -315,12 +315,12 @@ async def _refresh(
     known: _KnownKeys,
 ) -> None:
     started = time.monotonic()
-    in_use = {
-        digest: checked
+    # The keys in use, by id.
+    by_id = {
+        checked.principal.key_id: digest
         for digest, checked in known.checked.items()
         if started - checked.used_at < KEPT_FRESH_FOR_S
     }
-    by_id = {checked.principal.key_id: digest for digest, checked in in_use.items()}
     ids = list(by_id)
     for chunk in (ids[i : i + REFRESHED_AT_ONCE] for i in range(0, len(ids), REFRESHED_AT_ONCE)):
         async with read_sessions() as session:

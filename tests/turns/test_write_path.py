@@ -15,6 +15,7 @@ import contextlib
 import dataclasses
 import itertools
 import re
+from collections.abc import Iterator
 from typing import Any
 
 import asyncpg
@@ -198,6 +199,22 @@ FAIR_USE_NOW = 1_800_000_030.0
 """Half a minute into a minute: a test's messages all count in the same one."""
 
 
+@contextlib.contextmanager
+def plain_executes() -> Iterator[list[str]]:
+    """What asyncpg sends as plain executes while the block runs: BEGIN and COMMIT reach
+    the server that way, not as statements (``recorded_statements`` does not see them)."""
+    plain: list[str] = []
+    execute = asyncpg.Connection.execute
+
+    async def recorded(connection: asyncpg.Connection, query: str, *args: Any) -> Any:
+        plain.append(query)
+        return await execute(connection, query, *args)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(asyncpg.Connection, "execute", recorded)
+        yield plain
+
+
 def message(event_id: str, persona: str | None = None) -> InboundMessage:
     """A message of user u to conversation c over the API (the accept-level tests)."""
     return InboundMessage(
@@ -212,7 +229,7 @@ def message(event_id: str, persona: str | None = None) -> InboundMessage:
 
 
 async def test_an_accept_is_one_statement_on_postgresql_and_a_redelivery_is_still_found(
-    db_url: str, monkeypatch: pytest.MonkeyPatch
+    db_url: str,
 ) -> None:
     """Each statement of an accept is a round trip on PostgreSQL, which the ack waits
     for, and so are BEGIN and COMMIT: fair use (its standing and its take), the turn
@@ -225,18 +242,8 @@ async def test_an_accept_is_one_statement_on_postgresql_and_a_redelivery_is_stil
 
     try:
         await service.accept(message("m1"))  # creates the conversation
-        # BEGIN and COMMIT reach the server as asyncpg's plain executes, not as statements.
-        plain: list[str] = []
-        execute = asyncpg.Connection.execute
-
-        async def recorded(connection: asyncpg.Connection, query: str, *args: Any) -> Any:
-            plain.append(query)
-            return await execute(connection, query, *args)
-
-        monkeypatch.setattr(asyncpg.Connection, "execute", recorded)
-        with recorded_statements(engine.sync_engine) as statements:
+        with plain_executes() as plain, recorded_statements(engine.sync_engine) as statements:
             accepted = await service.accept(message("m2"))
-        monkeypatch.undo()
         assert not accepted.duplicate
         assert len(statements) == (5 if is_sqlite(db_url) else 1), statements
         assert plain == [], plain  # no BEGIN, no COMMIT (nothing at all, on SQLite)
@@ -324,7 +331,7 @@ async def test_a_message_over_its_days_tokens_is_refused_and_its_one_statement_l
 
 
 async def test_a_message_that_counts_against_no_one_is_stored_by_the_one_statement(
-    pg_url: str, monkeypatch: pytest.MonkeyPatch
+    pg_url: str,
 ) -> None:
     """A message with no key and no user (a webhook that names no sender) counts against
     no one: its one statement stores it whatever the limits, and counts nothing."""
@@ -336,19 +343,9 @@ async def test_a_message_that_counts_against_no_one_is_stored_by_the_one_stateme
     )
     anonymous = [dataclasses.replace(message(f"m{i}"), user_id=None) for i in range(4)]
     assert _limit_subjects(anonymous[0]) == []
-    # BEGIN and COMMIT reach the server as asyncpg's plain executes, not as statements.
-    plain: list[str] = []
-    execute = asyncpg.Connection.execute
-
-    async def recorded(connection: asyncpg.Connection, query: str, *args: Any) -> Any:
-        plain.append(query)
-        return await execute(connection, query, *args)
-
-    monkeypatch.setattr(asyncpg.Connection, "execute", recorded)
     try:
         for i, each in enumerate(anonymous):
-            plain.clear()
-            with recorded_statements(engine.sync_engine) as statements:
+            with plain_executes() as plain, recorded_statements(engine.sync_engine) as statements:
                 accepted = await service.accept(each)
             assert accepted.rate_limited is None and not accepted.duplicate
             if i:  # the first creates the conversation, in a transaction
