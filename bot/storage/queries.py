@@ -21,6 +21,7 @@ from sqlalchemy import (
     select,
     update,
 )
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import aliased
@@ -32,6 +33,7 @@ from bot.storage.models import (
     InboundEvent,
     Message,
     Turn,
+    new_id,
     table_of,
     utcnow,
 )
@@ -86,6 +88,16 @@ async def open_conversation(
     except IntegrityError:
         return (await session.scalars(query)).one()
     return conversation
+
+
+_CREATE_CONVERSATION = {
+    # A key's open conversation, unless another accept has just created it (the partial
+    # unique index): then no row comes back. Per dialect: ON CONFLICT is not core SQL.
+    dialect.dialect.name: dialect.insert(_CONVERSATIONS)
+    .on_conflict_do_nothing()
+    .returning(_CONVERSATIONS.c.id)
+    for dialect in (postgresql, sqlite)
+}
 
 
 @dataclass(frozen=True)
@@ -144,17 +156,22 @@ async def take_turn_slot(
     row = (await connection.execute(_TAKE_SLOT, take)).one_or_none()
     if row is not None:
         return TurnSlot(row[0], row[1], int(row[2]) - 1)
-    # The first turn takes seq 0 as the conversation is created.
-    conversation = Conversation(
-        owner=owner, channel=channel, external_key=external_key, persona=persona, next_turn_seq=1
-    )
-    try:
-        async with session.begin_nested():
-            session.add(conversation)
-    except IntegrityError:
+    # The first turn takes seq 0 as the conversation is created. A race to create it is
+    # lost quietly (nothing returned): no savepoint around the INSERT, and no ORM flush.
+    conversation_id = new_id()
+    created = {
+        "id": conversation_id,
+        "owner": owner,
+        "channel": channel,
+        "external_key": external_key,
+        "persona": persona,
+        "next_turn_seq": 1,
+    }
+    statement = _CREATE_CONVERSATION[connection.dialect.name]
+    if (await connection.execute(statement, created)).first() is None:
         row = (await connection.execute(_TAKE_SLOT, take)).one()
         return TurnSlot(row[0], row[1], int(row[2]) - 1)
-    return TurnSlot(conversation.id, conversation.persona, 0)
+    return TurnSlot(conversation_id, persona, 0)
 
 
 # The tables, not the mapped classes: an ORM-enabled INSERT goes through the ORM's bulk

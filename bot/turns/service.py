@@ -207,10 +207,16 @@ class TurnService:
         # An ingress-only process wakes the workers, at commit.
         announce_channel = None if self.runs_turns else wakeups.CHANNEL
         try:
-            slot = await self._place_at_once(message, row, announce_channel)
+            slot, absent = await self._place_at_once(message, row, announce_channel)
             if slot is None:
                 async with self._sessions() as session, session.begin():
-                    placed = await _place_turn(session, message, row, announce_channel)
+                    # A conversation the statement just found absent is created below (or,
+                    # created meanwhile, found there): not looked for a second time here.
+                    placed = (
+                        None
+                        if absent
+                        else await _place_turn(session, message, row, announce_channel)
+                    )
                     if placed is not None:
                         slot = placed.slot
                         if not placed.stored:
@@ -282,7 +288,7 @@ class TurnService:
 
     async def _place_at_once(
         self, message: InboundMessage, row: dict[str, Any], announce_channel: str | None
-    ) -> queries.TurnSlot | None:
+    ) -> tuple[queries.TurnSlot | None, bool]:
         """PostgreSQL: store the message's turn with one statement and no transaction.
 
         ``place_turn`` all or nothing, fair use's admission inside it: the checkout's
@@ -291,15 +297,16 @@ class TurnService:
         the event loop while the accept holds a pooled connection (README, sixteenth
         session). None when it does not apply (SQLite, several subjects to count
         against) or stored nothing: the key's first message, a refusal, another persona.
-        The transaction then tells those apart, as before this path existed.
+        The transaction then tells those apart, as before this path existed. The flag:
+        True when the statement ran and found the key with no open conversation.
         """
         if not self._places_at_once:
-            return None
+            return None, False
         admission = None
         if self.fair_use is not None and not message.unlimited:
             admission = self.fair_use.admission(_limit_subjects(message))
             if admission is None:
-                return None
+                return None, False
         try:
             async with self._sessions() as session:
                 await session.connection(execution_options={"isolation_level": "AUTOCOMMIT"})
@@ -314,10 +321,12 @@ class TurnService:
         except DBAPIError as exc:
             if getattr(exc.orig, "sqlstate", None) != DIVISION_BY_ZERO:
                 raise
-            return None  # a slot taken for a turn not stored: the statement undid it all
-        if placed is None or not placed.stored:
-            return None  # (all or nothing: a slot for a turn not stored failed above)
-        return placed.slot
+            return None, False  # a slot taken for a turn not stored: the statement undid it all
+        if placed is None:
+            return None, True  # the key's first message
+        if not placed.stored:
+            return None, False  # (all or nothing: a slot for a turn not stored failed above)
+        return placed.slot, False
 
     def _begins_at_accept(self, conversation_id: str) -> bool:
         """True when the turn being accepted can be stored running, begun by this process.

@@ -234,14 +234,21 @@ async def test_an_accept_is_one_statement_on_postgresql_and_a_redelivery_is_stil
     """Each statement of an accept is a round trip on PostgreSQL, which the ack waits
     for, and so are BEGIN and COMMIT: fair use (its standing and its take), the turn
     number, the turn and its inbound event are one statement, outside a transaction.
-    SQLite, with no trips to save, sends them one by one in a transaction."""
+    SQLite, with no trips to save, sends them one by one in a transaction. A key's
+    first message: the statement finds no conversation; the transaction looks for it
+    once more (another accept may have created it) and creates it, with no savepoint."""
     engine = create_engine(db_url)
     service = TurnService(create_sessionmaker(engine), TurnStreams())
     service.schedule = lambda conversation_id: None  # type: ignore[method-assign]  # no engine
     service.fair_use = FairUse(LimitSettings())
 
     try:
-        await service.accept(message("m1"))  # creates the conversation
+        with recorded_statements(engine.sync_engine) as statements:
+            await service.accept(message("m1"))  # creates the conversation
+        looks = [s for s in statements if re.match(TURN_SLOT, s, re.DOTALL)]
+        assert len(looks) == (1 if is_sqlite(db_url) else 2), statements
+        assert not [s for s in statements if "SAVEPOINT" in s], statements
+        assert len(statements) == (6 if is_sqlite(db_url) else 5), statements
         with plain_executes() as plain, recorded_statements(engine.sync_engine) as statements:
             accepted = await service.accept(message("m2"))
         assert not accepted.duplicate
@@ -405,6 +412,56 @@ async def test_the_conversation_is_locked_before_the_fair_use_counter_by_every_a
         await holder.close()
         await probe.close()
         await engine.dispose()
+
+
+async def test_first_messages_racing_from_two_workers_open_one_conversation_and_lose_none(
+    pg_url: str,
+) -> None:
+    """Two workers each take a key's first message at once: both find no conversation and
+    try to create it. The one that loses waits for the winner's commit, creates nothing,
+    and takes the next number in the winner's conversation: one conversation, both
+    messages stored, numbered 0 and 1. (SQLite has no such race: its write lock is held
+    from the number's lookup to the commit.)"""
+    engines = [create_engine(pg_url) for _ in range(2)]
+    services = [TurnService(create_sessionmaker(engine), TurnStreams()) for engine in engines]
+    for service in services:
+        service.schedule = lambda conversation_id: None  # type: ignore[method-assign]
+        service.fair_use = FairUse(
+            LimitSettings(messages_per_minute=100), clock=lambda: FAIR_USE_NOW
+        )
+    plain_url = make_url(pg_url).set(drivername="postgresql").render_as_string(hide_password=False)
+    holder, probe = await asyncpg.connect(plain_url), await asyncpg.connect(plain_url)
+    try:
+        # The user's counter of messages exists; held, it stops the winner before its commit.
+        await services[0].accept(dataclasses.replace(message("m0"), conversation_key="other"))
+        holding = holder.transaction()
+        await holding.start()
+        await holder.execute("SELECT 1 FROM usage_counters FOR UPDATE")
+        with recorded_statements(*(engine.sync_engine for engine in engines)) as statements:
+            racing = [
+                asyncio.create_task(service.accept(message(f"m{n}")))
+                for n, service in enumerate(services, start=1)
+            ]
+            async with asyncio.timeout(10):
+                # The winner waits for the counter, the other for the winner's new row.
+                while await probe.fetchval(WAITING_FOR_A_LOCK) < 2:  # noqa: ASYNC110 - polled
+                    await asyncio.sleep(0.02)
+            await holding.rollback()
+            accepted = await asyncio.gather(*racing)
+        assert not any(each.duplicate or each.rate_limited for each in accepted)
+        assert len({each.conversation_id for each in accepted}) == 1
+        creations = [s for s in statements if s.startswith("INSERT INTO conversations")]
+        assert len(creations) == 2
+        turns = [
+            t for t in await load_turns(pg_url) if t.conversation_id == accepted[0].conversation_id
+        ]
+        assert sorted(t.seq for t in turns) == [0, 1]
+        assert (await count_rows(pg_url))["conversations"] == 2
+    finally:
+        await holder.close()
+        await probe.close()
+        for engine in engines:
+            await engine.dispose()
 
 
 async def test_an_ingress_only_accept_announces_its_turn_in_the_same_statement(
