@@ -5,7 +5,8 @@ check, the conversation's next turn number, the turn and its inbound event, one
 transaction (``TurnService.accept``). Here N of them run back to back in one
 process with nothing else on its event loop, so the figures are the accept's
 own cost: wall-clock and CPU time per accept, with the default fair-use limits
-and with none, on SQLite and (``--database``) PostgreSQL.
+and with none, and of a conversation's first message (which creates it), on SQLite
+and (``--database``) PostgreSQL.
 
 Next to them, the floor: the same statements (as the service sends them), in
 one transaction per message, straight through the driver (``sqlite3`` on the
@@ -109,13 +110,14 @@ SLOT_TURN_AND_EVENT = (
 )
 
 
-def message(run: str, i: int) -> InboundMessage:
+def message(run: str, i: int, *, first: bool = False) -> InboundMessage:
     # A user of its own per message: the default limit of 30 a minute never refuses one.
+    # ``first``: a conversation of its own too (a key's first message creates it).
     return InboundMessage(
         channel="api",
         event_id=f"{run}-{i}",
         owner="bench",
-        conversation_key=f"{run}-c{i % CONVERSATIONS}",
+        conversation_key=f"{run}-new{i}" if first else f"{run}-c{i % CONVERSATIONS}",
         text="Hello there, how are you today?",
         user_id=f"{run}-u{i}",
     )
@@ -131,7 +133,9 @@ async def timed(n: int, one: Callable[[int], Awaitable[None]]) -> tuple[float, f
     return (time.perf_counter() - wall) / n * 1000, (time.process_time() - cpu) / n * 1000
 
 
-async def service_accepts(url: str, n: int, *, fair_use: bool) -> tuple[float, float]:
+async def service_accepts(
+    url: str, n: int, *, fair_use: bool, first: bool = False
+) -> tuple[float, float]:
     engine = create_engine(url)
     service = TurnService(create_sessionmaker(engine), TurnStreams())
     service.schedule = lambda conversation_id: None  # type: ignore[method-assign]  # no engine
@@ -143,7 +147,7 @@ async def service_accepts(url: str, n: int, *, fair_use: bool) -> tuple[float, f
         await service.accept(message(run, -1 - i))
 
     async def one(i: int) -> None:
-        await service.accept(message(run, i))
+        await service.accept(message(run, i, first=first))
 
     try:
         return await timed(n, one)
@@ -265,6 +269,10 @@ async def measure(url: str, n: int) -> list[tuple[str, tuple[float, float]]]:
     rows = [
         ("accept, default fair-use limits", await service_accepts(url, n, fair_use=True)),
         ("accept, no limits", await service_accepts(url, n, fair_use=False)),
+        (
+            "accept, a conversation's first message",
+            await service_accepts(url, n, fair_use=True, first=True),
+        ),
     ]
     if is_sqlite(url):
         rows.append(("same SQL plainly through sqlite3", await plain_sqlite(url, n)))

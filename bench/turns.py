@@ -13,7 +13,10 @@ Prints
     part of a character) are the engine's time, not the service's; and the
     service's own time: the client's TTFT minus all the time its first text spent
     in vLLM, from the request to the engine client's chunk (vLLM's hops in this
-    process included, which the requests sent directly have too),
+    process included, which the requests sent directly have too), split at the
+    engine (before ``generate`` is called, after its first text), with the client
+    library's own part (``post()`` called to the request's last byte written) and the
+    turns after each conversation's first (its first turn is the run's coldest),
   * the ack latency of POST /v1/messages (p50/p99),
   * the ratio of end-to-end time through the service to the same prompts sent
     straight to the engine (prefix cache reset in between, same concurrency),
@@ -284,6 +287,20 @@ async def main(args: argparse.Namespace) -> None:
         for r in results
         if r.get("turn_id") in engine.first_text_at
     ]
+    # The client library's own part of it: from ``post()`` called to the request's last
+    # byte written (aiohttp builds it, takes a pooled connection, writes it).
+    client_building = [
+        (r["on_wire_at"] - r["sent_at"]) * 1000
+        for r in results
+        if r.get("turn_id") in engine.first_text_at and "on_wire_at" in r
+    ]
+    # A conversation's first turn is the run's coldest (its conversation created, its key
+    # looked up, the chats' first messages all at once): its p99 is theirs. The rest:
+    later_before_engine = [
+        (engine.asked_at[r["turn_id"]] - r["sent_at"]) * 1000
+        for r in results
+        if r.get("turn_id") in engine.first_text_at and r["turn"] > 0
+    ]
 
     share = 100 * cached / max(1, cacheable)
     e2e_ratio = service_e2e / direct_e2e
@@ -312,6 +329,8 @@ async def main(args: argparse.Namespace) -> None:
         ("service to the first text (the rest)", service_to_text),
         ("service's own: client TTFT - time in vLLM to it", service_own),
         ("  POST sent -> generate called", service_before_engine),
+        ("    of it, the client's post() to on the wire", client_building),
+        (f"    turns 2..{args.turns} only", later_before_engine),
         ("  first text from vLLM -> client's first delta", service_after_engine),
         ("engine's queue + prefill in those turns", engine_part),
         ("client TTFT through the service", [r["ttft_ms"] for r in results]),

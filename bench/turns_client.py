@@ -47,7 +47,8 @@ class Chats:
 
     A turn: ``turn`` (its index), ``turn_id``, ``ack_ms``, ``ttft_ms``, ``e2e_ms``, then
     the final event's ``kind`` (done or error) and payload (``usage``, ``timings_ms``:
-    the turn's stored ``layer_ms``).
+    the turn's stored ``layer_ms``), and ``sent_at`` (the POST asked for), ``on_wire_at``
+    (its last byte handed to the kernel), ``first_delta_at`` (``perf_counter``).
     """
 
     conversations: list[list[dict[str, Any]]]
@@ -98,26 +99,46 @@ async def chat(
             "text": USER_LINES[index % len(USER_LINES)],
         }
         started = time.perf_counter()
+        on_wire: dict[str, float] = {}
         if one_request:
-            async with http.post(f"{base}/v1/messages", json=payload, headers=streamed) as response:
+            async with http.post(
+                f"{base}/v1/messages", json=payload, headers=streamed, trace_request_ctx=on_wire
+            ) as response:
                 ack_ms = (time.perf_counter() - started) * 1000
                 result = await read_stream(response, started)
-            results.append({"turn": index, "ack_ms": ack_ms, **result})
+            results.append({"turn": index, "ack_ms": ack_ms, **result, **on_wire})
             continue
-        async with http.post(f"{base}/v1/messages", json=payload, headers=headers) as response:
+        async with http.post(
+            f"{base}/v1/messages", json=payload, headers=headers, trace_request_ctx=on_wire
+        ) as response:
             body = await response.json()
         ack_ms = (time.perf_counter() - started) * 1000
         async with http.get(f"{base}{body['stream_url']}", headers=headers) as response:
             result = await read_stream(response, started)
-        results.append({"turn": index, "ack_ms": ack_ms, **result})
+        results.append({"turn": index, "ack_ms": ack_ms, **result, **on_wire})
     return results
+
+
+def on_wire_marks() -> aiohttp.TraceConfig:
+    """Marks ``on_wire_at`` in a request's ``trace_request_ctx`` (a dict) each time a part of
+    it is written: at the end, when its last byte went to the kernel. From there on the
+    time is the service's (and the host's), not the client library's building of it."""
+
+    async def written(_session: Any, context: Any, _params: Any) -> None:
+        if isinstance(context.trace_request_ctx, dict):
+            context.trace_request_ctx["on_wire_at"] = time.perf_counter()
+
+    trace = aiohttp.TraceConfig()
+    trace.on_request_headers_sent.append(written)
+    trace.on_request_chunk_sent.append(written)
+    return trace
 
 
 async def run_chats(
     base: str, key: str, conversations: int, turns: int, *, one_request: bool = False
 ) -> Chats:
     """The conversations, all at once, from the calling event loop."""
-    async with aiohttp.ClientSession() as http:
+    async with aiohttp.ClientSession(trace_configs=[on_wire_marks()]) as http:
         started = time.perf_counter()
         per_conversation = await asyncio.gather(
             *(chat(http, base, key, f"conv-{i}", turns, one_request) for i in range(conversations))
