@@ -8,13 +8,14 @@ from typing import Any
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from sqlalchemy import func, select
+from sqlalchemy import func, select, text
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
+from bot.storage import queries
 from bot.storage.db import create_engine, create_read_sessionmaker, create_sessionmaker
 from bot.storage.migrate import downgrade, upgrade
-from bot.storage.models import Base, Turn
+from bot.storage.models import Base, Conversation, Turn
 from bot.storage.tokens import pack_token_ids, unpack_token_ids
 from tests.helpers import terminate_backends
 
@@ -120,5 +121,36 @@ async def test_a_connection_the_server_cut_is_replaced_at_checkout(pg_url: str) 
         await asyncio.sleep(0.2)  # the cut reaches the client side
         async with create_sessionmaker(engine)() as session:
             assert await session.scalar(select(func.count()).select_from(Turn)) == 0
+    finally:
+        await engine.dispose()
+
+
+@pytest.mark.postgres
+async def test_a_conversation_created_by_another_request_meanwhile_is_the_one_opened(
+    pg_url: str,
+) -> None:
+    """Two requests open the same key's conversation at once: the second finds none,
+    and its INSERT waits for the first's row; once that commits it creates nothing and
+    opens the first's conversation (one open conversation per key, no error)."""
+    engine = create_engine(pg_url)
+    sessions = create_sessionmaker(engine)
+    key = {"owner": "o", "channel": "api", "external_key": "k"}
+    try:
+        async with sessions() as first, sessions() as second, sessions() as probe:
+            created = await queries.open_conversation(first, **key)
+            opening = asyncio.create_task(queries.open_conversation(second, **key))
+            async with asyncio.timeout(10):
+                while not await probe.scalar(  # noqa: ASYNC110 - polled
+                    text(
+                        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                        " AND datname = current_database()"
+                    )
+                ):
+                    await asyncio.sleep(0.02)
+            await first.commit()
+            opened = await opening
+            await second.commit()
+            assert opened.id == created.id
+            assert await probe.scalar(select(func.count()).select_from(Conversation)) == 1
     finally:
         await engine.dispose()

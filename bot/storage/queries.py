@@ -22,7 +22,6 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import aliased
 
@@ -79,25 +78,50 @@ async def open_conversation(
     conversation = (await session.scalars(query)).one_or_none()
     if conversation is not None:
         return conversation
-    conversation = Conversation(
-        owner=owner, channel=channel, external_key=external_key, persona=persona
+    await _create_conversation(
+        session, owner=owner, channel=channel, external_key=external_key, persona=persona
     )
-    try:
-        async with session.begin_nested():
-            session.add(conversation)
-    except IntegrityError:
-        return (await session.scalars(query)).one()
-    return conversation
+    return (await session.scalars(query)).one()  # ours, or the one that won the race
 
 
 _CREATE_CONVERSATION = {
-    # A key's open conversation, unless another accept has just created it (the partial
+    # A key's open conversation, unless another request has just created it (the partial
     # unique index): then no row comes back. Per dialect: ON CONFLICT is not core SQL.
     dialect.dialect.name: dialect.insert(_CONVERSATIONS)
     .on_conflict_do_nothing()
     .returning(_CONVERSATIONS.c.id)
     for dialect in (postgresql, sqlite)
 }
+
+
+async def _create_conversation(
+    session: AsyncSession,
+    *,
+    owner: str,
+    channel: str,
+    external_key: str,
+    persona: str | None,
+    next_turn_seq: int = 0,
+) -> str | None:
+    """Create the key's open conversation: its id, or None when another request created
+    it first (a race settled by the partial unique index: the caller finds the winner's).
+
+    One statement: no savepoint around it, no ORM flush, and no error to roll back to.
+    """
+    conversation_id = new_id()
+    created = {
+        "id": conversation_id,
+        "owner": owner,
+        "channel": channel,
+        "external_key": external_key,
+        "persona": persona,
+        "next_turn_seq": next_turn_seq,
+    }
+    connection = await session.connection()
+    statement = _CREATE_CONVERSATION[connection.dialect.name]
+    if (await connection.execute(statement, created)).first() is None:
+        return None
+    return conversation_id
 
 
 @dataclass(frozen=True)
@@ -156,19 +180,17 @@ async def take_turn_slot(
     row = (await connection.execute(_TAKE_SLOT, take)).one_or_none()
     if row is not None:
         return TurnSlot(row[0], row[1], int(row[2]) - 1)
-    # The first turn takes seq 0 as the conversation is created. A race to create it is
-    # lost quietly (nothing returned): no savepoint around the INSERT, and no ORM flush.
-    conversation_id = new_id()
-    created = {
-        "id": conversation_id,
-        "owner": owner,
-        "channel": channel,
-        "external_key": external_key,
-        "persona": persona,
-        "next_turn_seq": 1,
-    }
-    statement = _CREATE_CONVERSATION[connection.dialect.name]
-    if (await connection.execute(statement, created)).first() is None:
+    # The first turn takes seq 0 as the conversation is created; a race to create it lost,
+    # the next number in the winner's.
+    conversation_id = await _create_conversation(
+        session,
+        owner=owner,
+        channel=channel,
+        external_key=external_key,
+        persona=persona,
+        next_turn_seq=1,
+    )
+    if conversation_id is None:
         row = (await connection.execute(_TAKE_SLOT, take)).one()
         return TurnSlot(row[0], row[1], int(row[2]) - 1)
     return TurnSlot(conversation_id, persona, 0)
