@@ -504,6 +504,8 @@ def worker_env(
             "name": WEBHOOK_NAME,
             "secret": WEBHOOK_SECRET,
             "callback_url": receiver.url,
+            # The strict fake receiver listens on loopback, over plain http.
+            "allow_http_callback": True,
             "chunk_interval_s": 0.05,
             "retry_backoff_s": 0.2,
             "retry_for_s": 10.0,
