@@ -5,8 +5,9 @@ check, the conversation's next turn number, the turn and its inbound event, one
 transaction (``TurnService.accept``). Here N of them run back to back in one
 process with nothing else on its event loop, so the figures are the accept's
 own cost: wall-clock and CPU time per accept, with the default fair-use limits
-and with none, and of a conversation's first message (which creates it), on SQLite
-and (``--database``) PostgreSQL.
+and with none, and of a conversation's first message (which creates it), also as a
+new engine's first accept (every statement compiled for the first time, as after a
+start), on SQLite and (``--database``) PostgreSQL.
 
 Next to them, the floor: the same statements (as the service sends them), in
 one transaction per message, straight through the driver (``sqlite3`` on the
@@ -23,6 +24,7 @@ import asyncio
 import datetime as dt
 import os
 import sqlite3
+import statistics
 import tempfile
 import time
 import uuid
@@ -155,6 +157,25 @@ async def service_accepts(
         await engine.dispose()
 
 
+async def cold_accepts(url: str, engines: int = 5) -> tuple[float, float]:
+    """Wall-clock and CPU ms of a new engine's first accept (a conversation's first
+    message), the median over ``engines``: as after a process's start, every statement
+    on its way is compiled (and on PostgreSQL prepared) for the first time, and the
+    pool's first connection is opened."""
+    walls, cpus = [], []
+    for _ in range(engines):
+        engine = create_engine(url)
+        service = TurnService(create_sessionmaker(engine), TurnStreams())
+        service.schedule = lambda conversation_id: None  # type: ignore[method-assign]
+        service.fair_use = FairUse(load_settings(None).limits)
+        cpu, wall = time.process_time(), time.perf_counter()
+        await service.accept(message(uuid.uuid4().hex[:8], 0, first=True))
+        walls.append((time.perf_counter() - wall) * 1000)
+        cpus.append((time.process_time() - cpu) * 1000)
+        await engine.dispose()
+    return statistics.median(walls), statistics.median(cpus)
+
+
 def _now() -> str:
     return dt.datetime.now(dt.UTC).replace(tzinfo=None).isoformat(" ")
 
@@ -273,6 +294,7 @@ async def measure(url: str, n: int) -> list[tuple[str, tuple[float, float]]]:
             "accept, a conversation's first message",
             await service_accepts(url, n, fair_use=True, first=True),
         ),
+        ("the same on a new engine (cold), median of 5", await cold_accepts(url)),
     ]
     if is_sqlite(url):
         rows.append(("same SQL plainly through sqlite3", await plain_sqlite(url, n)))
