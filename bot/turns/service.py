@@ -295,10 +295,11 @@ class TurnService:
         ping and the statement, two round trips where the transaction takes five (BEGIN,
         fair use's statement, the turn's, COMMIT). Under load every trip is a wait for
         the event loop while the accept holds a pooled connection (README, sixteenth
-        session). None when it does not apply (SQLite, several subjects to count
-        against) or stored nothing: the key's first message, a refusal, another persona.
-        The transaction then tells those apart, as before this path existed. The flag:
-        True when the statement ran and found the key with no open conversation.
+        session). Returns the slot, or None when it does not apply (SQLite, several
+        subjects to count against) or stored nothing: the key's first message, a refusal,
+        another persona. The transaction then tells those apart, as before this path
+        existed; the flag says it was the first (the statement ran and found the key with
+        no open conversation), which the transaction need not look for again.
         """
         if not self._places_at_once:
             return None, False
