@@ -36,6 +36,7 @@ Run:  .venv/bin/python bench/turns.py --conversations 4 --turns 12
       .venv/bin/python bench/turns.py --model data/smollm2   (the model ``make run`` serves)
       add --loop uvloop to run the service (and the client) on uvloop's event loop
       add --one-request to stream each reply in its POST's response (no second request)
+      add --pause-ms 500 for a person's pause before each next message (chats out of step)
 """
 
 from __future__ import annotations
@@ -196,11 +197,22 @@ async def main(args: argparse.Namespace) -> None:
     chats: Chats
     if args.client_in_process:
         chats = await run_chats(
-            base, key, args.conversations, args.turns, one_request=args.one_request
+            base,
+            key,
+            args.conversations,
+            args.turns,
+            one_request=args.one_request,
+            pause_s=args.pause_ms / 1000,
         )
     else:
         chats = await run_chats_in_subprocess(
-            base, key, args.conversations, args.turns, args.loop, one_request=args.one_request
+            base,
+            key,
+            args.conversations,
+            args.turns,
+            args.loop,
+            one_request=args.one_request,
+            pause_s=args.pause_ms / 1000,
         )
     per_conversation, service_wall = chats.conversations, chats.wall_s
     steps_service = engine_steps()
@@ -311,7 +323,12 @@ async def main(args: argparse.Namespace) -> None:
     print(f"# engine: in the service process; {engine_processes()}")
     where = "the service's own event loop" if args.client_in_process else "a separate process"
     print(f"# HTTP client ran in {where}", end="")
-    print("; each reply streamed in its POST's response" if args.one_request else "")
+    print("; each reply streamed in its POST's response" if args.one_request else "", end="")
+    print(
+        f"; a pause of {args.pause_ms:g} ms (mean) before each next message"
+        if args.pause_ms
+        else ""
+    )
     print(f"turns: {len(results)} ({len(failures)} failed)")
     print(f"prefix cache: {cached}/{cacheable} cacheable prompt tokens served from cache", end="")
     print(f" = {share:.1f} % (turns 2..{args.turns})")
@@ -391,6 +408,14 @@ if __name__ == "__main__":
         action="store_true",
         help="each POST asks for text/event-stream and reads the reply in its own response "
         "(one request a turn, not a POST then a GET of the stream)",
+    )
+    parser.add_argument(
+        "--pause-ms",
+        type=float,
+        default=0.0,
+        help="each chat waits a random time of this mean (exponential) before its next "
+        "message, as a person would: the chats' turns no longer start and end in step "
+        "(the wall-clock ratio then counts the pauses; the summed end-to-end does not)",
     )
     arguments = parser.parse_args()
     run_on(arguments.loop, main(arguments))

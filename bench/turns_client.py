@@ -5,12 +5,15 @@ read to the end, timed by the client (TTFT from the POST to the first delta,
 end-to-end to the end of the stream, the POST's ack). With ``one_request`` the
 POST asks for ``text/event-stream`` and the reply streams in its own response
 (the ack is then the time to its headers, sent once the message is stored).
+With ``pause_s`` each chat waits before its next message as a person would, a
+random time (exponential, that mean; seeded per chat): the chats' turns then no
+longer start, and end, in step.
 
 By default bench/turns.py runs it as a separate process (``python
 bench/turns_client.py BASE_URL``, the API key in ``BENCH_TURNS_KEY``), with its
 own event loop, so that parsing every event of every stream does not share the
 service's loop and count as the service's time. Protocol (harness.JsonLinesProcess):
-one ``{"conversations": N, "turns": T, "one_request": bool}`` line on stdin, one
+one ``{"conversations": N, "turns": T, "one_request": bool, "pause_s": s}`` line on stdin, one
 ``Chats`` line back.
 """
 
@@ -20,6 +23,7 @@ import argparse
 import asyncio
 import json
 import os
+import random
 import time
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -88,11 +92,15 @@ async def chat(
     conversation: str,
     turns: int,
     one_request: bool,
+    pause_s: float = 0.0,
 ) -> list[dict[str, Any]]:
     results = []
+    pauses = random.Random(conversation)
     headers = {"Authorization": f"Bearer {key}"}
     streamed = {**headers, "Accept": "text/event-stream"}
     for index in range(turns):
+        if index and pause_s:
+            await asyncio.sleep(pauses.expovariate(1 / pause_s))
         payload = {
             "conversation_id": conversation,
             "message_id": f"m{index}",
@@ -135,24 +143,45 @@ def on_wire_marks() -> aiohttp.TraceConfig:
 
 
 async def run_chats(
-    base: str, key: str, conversations: int, turns: int, *, one_request: bool = False
+    base: str,
+    key: str,
+    conversations: int,
+    turns: int,
+    *,
+    one_request: bool = False,
+    pause_s: float = 0.0,
 ) -> Chats:
     """The conversations, all at once, from the calling event loop."""
     async with aiohttp.ClientSession(trace_configs=[on_wire_marks()]) as http:
         started = time.perf_counter()
         per_conversation = await asyncio.gather(
-            *(chat(http, base, key, f"conv-{i}", turns, one_request) for i in range(conversations))
+            *(
+                chat(http, base, key, f"conv-{i}", turns, one_request, pause_s)
+                for i in range(conversations)
+            )
         )
         return Chats(per_conversation, time.perf_counter() - started)
 
 
 async def run_chats_in_subprocess(
-    base: str, key: str, conversations: int, turns: int, loop: str, *, one_request: bool = False
+    base: str,
+    key: str,
+    conversations: int,
+    turns: int,
+    loop: str,
+    *,
+    one_request: bool = False,
+    pause_s: float = 0.0,
 ) -> Chats:
     """The same, from a process of its own: this file, run as a script on ``loop``."""
     async with JsonLinesProcess(__file__, [base, "--loop", loop], {KEY_ENV: key}) as client:
         answer = await client.ask(
-            {"conversations": conversations, "turns": turns, "one_request": one_request}
+            {
+                "conversations": conversations,
+                "turns": turns,
+                "one_request": one_request,
+                "pause_s": pause_s,
+            }
         )
     return Chats(answer["conversations"], answer["wall_s"])
 
@@ -167,6 +196,7 @@ async def answer_requests(base: str, key: str) -> None:
             request["conversations"],
             request["turns"],
             one_request=bool(request.get("one_request")),
+            pause_s=float(request.get("pause_s", 0.0)),
         )
         return asdict(chats)
 
