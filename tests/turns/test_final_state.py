@@ -230,7 +230,13 @@ async def test_a_turn_left_running_is_failed_within_the_bound_when_no_message_fo
     assert len(turn_lines(logs, first["turn_id"])) == 1
 
 
-@pytest.mark.parametrize("failing", [ACCEPT, FAIR_USE], ids=["turn", "fair_use"])
+# A key's first message creates its conversation (``queries._create_conversation``).
+NEW_CONVERSATION = r"^INSERT INTO conversations"
+
+
+@pytest.mark.parametrize(
+    "failing", [ACCEPT, FAIR_USE, NEW_CONVERSATION], ids=["turn", "fair_use", "conversation"]
+)
 async def test_a_refused_accept_is_a_503_that_stores_nothing_and_can_be_retried(
     db_url: str, make_client: MakeClient, faults: list[WriteFaults], failing: str
 ) -> None:
