@@ -64,7 +64,7 @@ from harness import (
     serve_on_loopback,
     served_model,
 )
-from turns_client import Chats, run_chats, run_chats_in_subprocess
+from turns_client import Chats, Plan, run_chats, run_chats_in_subprocess
 
 from bot.app import create_app
 from bot.config import load_settings
@@ -195,25 +195,11 @@ async def main(args: argparse.Namespace) -> None:
     steps_before = engine_steps()
     cpu_before = time.process_time()
     chats: Chats
+    plan = Plan(args.conversations, args.turns, args.one_request, args.pause_ms / 1000)
     if args.client_in_process:
-        chats = await run_chats(
-            base,
-            key,
-            args.conversations,
-            args.turns,
-            one_request=args.one_request,
-            pause_s=args.pause_ms / 1000,
-        )
+        chats = await run_chats(base, key, plan)
     else:
-        chats = await run_chats_in_subprocess(
-            base,
-            key,
-            args.conversations,
-            args.turns,
-            args.loop,
-            one_request=args.one_request,
-            pause_s=args.pause_ms / 1000,
-        )
+        chats = await run_chats_in_subprocess(base, key, args.loop, plan)
     per_conversation, service_wall = chats.conversations, chats.wall_s
     steps_service = engine_steps()
     cpu_service = time.process_time() - cpu_before

@@ -13,7 +13,7 @@ By default bench/turns.py runs it as a separate process (``python
 bench/turns_client.py BASE_URL``, the API key in ``BENCH_TURNS_KEY``), with its
 own event loop, so that parsing every event of every stream does not share the
 service's loop and count as the service's time. Protocol (harness.JsonLinesProcess):
-one ``{"conversations": N, "turns": T, "one_request": bool, "pause_s": s}`` line on stdin, one
+one ``Plan`` line on stdin (``{"conversations": N, "turns": T, ...}``), one
 ``Chats`` line back.
 """
 
@@ -142,47 +142,33 @@ def on_wire_marks() -> aiohttp.TraceConfig:
     return trace
 
 
-async def run_chats(
-    base: str,
-    key: str,
-    conversations: int,
-    turns: int,
-    *,
-    one_request: bool = False,
-    pause_s: float = 0.0,
-) -> Chats:
+@dataclass(frozen=True)
+class Plan:
+    """What the client is asked to do: ``conversations`` chats of ``turns`` turns each."""
+
+    conversations: int
+    turns: int
+    one_request: bool = False
+    pause_s: float = 0.0
+
+
+async def run_chats(base: str, key: str, plan: Plan) -> Chats:
     """The conversations, all at once, from the calling event loop."""
     async with aiohttp.ClientSession(trace_configs=[on_wire_marks()]) as http:
         started = time.perf_counter()
         per_conversation = await asyncio.gather(
             *(
-                chat(http, base, key, f"conv-{i}", turns, one_request, pause_s)
-                for i in range(conversations)
+                chat(http, base, key, f"conv-{i}", plan.turns, plan.one_request, plan.pause_s)
+                for i in range(plan.conversations)
             )
         )
         return Chats(per_conversation, time.perf_counter() - started)
 
 
-async def run_chats_in_subprocess(
-    base: str,
-    key: str,
-    conversations: int,
-    turns: int,
-    loop: str,
-    *,
-    one_request: bool = False,
-    pause_s: float = 0.0,
-) -> Chats:
+async def run_chats_in_subprocess(base: str, key: str, loop: str, plan: Plan) -> Chats:
     """The same, from a process of its own: this file, run as a script on ``loop``."""
     async with JsonLinesProcess(__file__, [base, "--loop", loop], {KEY_ENV: key}) as client:
-        answer = await client.ask(
-            {
-                "conversations": conversations,
-                "turns": turns,
-                "one_request": one_request,
-                "pause_s": pause_s,
-            }
-        )
+        answer = await client.ask(asdict(plan))
     return Chats(answer["conversations"], answer["wall_s"])
 
 
@@ -190,15 +176,7 @@ async def answer_requests(base: str, key: str) -> None:
     """The client process: one ``Chats`` line on stdout for each request read from stdin."""
 
     async def answer(request: dict[str, Any]) -> dict[str, Any]:
-        chats = await run_chats(
-            base,
-            key,
-            request["conversations"],
-            request["turns"],
-            one_request=bool(request.get("one_request")),
-            pause_s=float(request.get("pause_s", 0.0)),
-        )
-        return asdict(chats)
+        return asdict(await run_chats(base, key, Plan(**request)))
 
     await answer_json_lines(answer)
 
