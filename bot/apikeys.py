@@ -23,7 +23,7 @@ from sqlalchemy import bindparam, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from bot.storage.db import storage_unavailable
-from bot.storage.models import ApiKey, utcnow
+from bot.storage.models import ApiKey, new_id, utcnow
 from bot.storage.queries import as_utc
 
 KEY_PREFIX = "bot"
@@ -253,6 +253,20 @@ async def _note_use(
         await session.execute(
             _NOTE_USE, [{"key_id": key_id, "when": when} for key_id, when in used.items()]
         )
+
+
+async def rehearse_key_check(
+    read_sessions: async_sessionmaker[AsyncSession], sessions: async_sessionmaker[AsyncSession]
+) -> None:
+    """A key's check, statements and all, for a key no one has: nothing found, nothing
+    written (``bot.warm_up``). The first request of a process otherwise compiles them."""
+    prefix = secrets.token_hex(PREFIX_BYTES)
+    known = _KnownKeys()  # not the process's: nothing of this is remembered
+    found = await _check_stored(read_sessions, sessions, known, prefix, hash_key(prefix))
+    if found is not None:
+        raise RuntimeError("a made-up key was found")
+    # A key's first use in a while notes it: no key has this id.
+    await _note_use(sessions, {new_id(): utcnow()})
 
 
 REFRESH_RETRY_MAX_S = 8.0

@@ -54,6 +54,7 @@ from bot.turns.runner import TurnRunner
 from bot.turns.service import TurnService
 from bot.turns.streams import TurnStreams
 from bot.turns.usage import UsageReports
+from bot.warm_up import warm_up
 from bot.web import routes as web_page
 
 log = structlog.get_logger(__name__)
@@ -145,22 +146,24 @@ async def create_app(
                 else PartialReplies(turn_sessions, turns.claims.worker_id)
             ),
         )
-        turns.set_runner(
-            TurnRunner(
-                sessions=turn_sessions,
-                read_sessions=turn_reads,
-                engine=inference,
-                chat_format=fmt,
-                streams=turns.streams,
-                generation=settings.generation,
-                open_reply=turns.open_reply,
-                policy=policy,
-                endings=turns.endings,
-                cancellations=turns.cancellations,
-                personas=turns.personas,
-            )
+        runner = TurnRunner(
+            sessions=turn_sessions,
+            read_sessions=turn_reads,
+            engine=inference,
+            chat_format=fmt,
+            streams=turns.streams,
+            generation=settings.generation,
+            open_reply=turns.open_reply,
+            policy=policy,
+            endings=turns.endings,
+            cancellations=turns.cancellations,
+            personas=turns.personas,
         )
+        turns.set_runner(runner)
         await turns.recover()
+        # The statements of a message's way to its first token, compiled before the first
+        # message rather than in it (bot.warm_up).
+        await warm_up(turns, runner, key_reads=app[SHORT_READS], sessions=sessions)
         # A full collection walks every tracked object: with the engine's and the
         # libraries' millions of long-lived ones loaded it stalled the loop, every ack
         # with it, for 250-380 ms (bench/load.py). Frozen, those are left out of every

@@ -50,7 +50,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from bot.errors import ErrorClass
 from bot.storage.db import create_read_sessionmaker, is_sqlite
-from bot.storage.models import Turn, TurnStatus, utcnow
+from bot.storage.models import Turn, TurnStatus, new_id, utcnow
 from bot.storage.queries import as_utc
 from bot.turns.cancellation import stop_requested
 from bot.turns.ending import TurnEnd, TurnEndings, apply_to_row
@@ -189,6 +189,12 @@ class TurnClaims(abc.ABC):
 
     @abc.abstractmethod
     async def _claim_head(self, conversation_id: str) -> tuple[ClaimOutcome, Turn | None]: ...
+
+    async def rehearse(self) -> None:
+        """A claim's statements, run for a conversation that does not exist (``bot.warm_up``)."""
+        outcome, _ = await self._claim_head(new_id())
+        if outcome != ClaimOutcome.IDLE:
+            raise RuntimeError(f"a rehearsed claim found a turn ({outcome.name})")
 
     @abc.abstractmethod
     def began_here(self, turn: Turn) -> None:

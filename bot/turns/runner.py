@@ -20,7 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from bot.engine.base import GenerationChunk, GenerationRequest, InferenceEngine
 from bot.errors import BotError, ContextOverflow, ErrorClass
 from bot.storage.known_paths import KnownPaths
-from bot.storage.models import Message, Turn, TurnStatus, utcnow
+from bot.storage.models import Message, Turn, TurnStatus, new_id, utcnow
 from bot.storage.queries import History, as_utc, load_history
 from bot.storage.text import storable
 from bot.storage.tokens import pack_token_ids
@@ -106,6 +106,16 @@ class TurnRunner:
         self._endings = endings
         self._known_paths = known_paths or KnownPaths()
         """Each active conversation's last history path: a turn reads only what was added."""
+
+    async def rehearse(self) -> None:
+        """A turn's way to the engine, its statements run for a turn and a conversation that
+        do not exist (``bot.warm_up``): the start finds nothing queued, the history nothing."""
+        missing = new_id()
+        if await self._start(missing) is not None:
+            raise RuntimeError("a rehearsed start found a turn")
+        async with self._read_sessions() as session:
+            # Read at a given entry as a conversation's second turn is: the path's statement too.
+            await load_history(session, missing, at=0)
 
     async def run(
         self, turn_id: str, *, persist_ms: float | None = None, begun: Turn | None = None

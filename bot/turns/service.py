@@ -189,60 +189,10 @@ class TurnService:
         one read fewer on the way to the first token.
         """
         started = time.perf_counter()
-        turn_id = new_id()
-        begun: asyncio.Future[Turn | None] | None = None
-        row: dict[str, Any] = {
-            "id": turn_id,
-            "channel": message.channel,
-            "reply_to": dict(message.reply_to),
-            "user_id": storable_or_none(message.user_id),
-            "user_name": storable_or_none(message.user_name),
-            # Storable before it is ever tokenized: the stored text and ids agree.
-            "user_text": storable(message.text),
-            "api_key_id": message.api_key_id,
-            "status": TurnStatus.QUEUED,
-            "layer_ms": dict(message.layer_ms),
-            "created_at": dt.datetime.fromtimestamp(message.received_at, dt.UTC),
-        }
-        # An ingress-only process wakes the workers, at commit.
-        announce_channel = None if self.runs_turns else wakeups.CHANNEL
+        row = _turn_row(message)
+        turn_id = row["id"]
         try:
-            slot, absent = await self._place_at_once(message, row, announce_channel)
-            if slot is None:
-                async with self._sessions() as session, session.begin():
-                    # A conversation the statement just found absent is created below (or,
-                    # created meanwhile, found there): not looked for a second time here.
-                    placed = (
-                        None
-                        if absent
-                        else await _place_turn(session, message, row, announce_channel)
-                    )
-                    if placed is not None:
-                        slot = placed.slot
-                        if not placed.stored:
-                            _refuse_other_persona(slot, message)
-                        await self._admit(session, message)
-                    else:  # SQLite, or the key's first message: slot, then turn
-                        slot = await queries.take_turn_slot(
-                            session,
-                            owner=message.owner,
-                            channel=message.channel,
-                            external_key=message.conversation_key,
-                            persona=message.persona,
-                        )
-                        _refuse_other_persona(slot, message)
-                        await self._admit(session, message)
-                        row["conversation_id"] = slot.conversation_id
-                        row["seq"] = slot.seq
-                        if self._begins_at_accept(slot.conversation_id):
-                            row["status"] = TurnStatus.RUNNING
-                            row["started_at"] = utcnow()
-                            begun = self._start_worker(slot.conversation_id)
-                        await queries.insert_turn(
-                            session, row, channel=message.channel, event_id=message.event_id
-                        )
-                        if announce_channel is not None:
-                            await wakeups.announce(session, slot.conversation_id)
+            slot = await self._store(message, row)
         except RateLimited as exc:
             # A redelivery of a message already accepted is acknowledged, never refused.
             return await self._find_duplicate(message) or self._refuse(message, exc.refusal)
@@ -256,14 +206,6 @@ class TurnService:
             if existing is None:
                 raise
             return existing
-        else:
-            if begun is not None:
-                # Committed: the worker runs it from here, with the columns just written.
-                begun.set_result(Turn(**row))
-        finally:
-            if begun is not None and not begun.done():
-                # Rolled back: nothing to run; the worker only looks for queued work.
-                begun.set_result(None)
         self._persist_ms[turn_id] = (time.perf_counter() - started) * 1000
         while len(self._persist_ms) > PERSIST_TIMINGS_KEPT:
             self._persist_ms.popitem(last=False)
@@ -273,6 +215,84 @@ class TurnService:
             self.streams.open(turn_id, owner=message.owner)
         self.schedule(slot.conversation_id)
         return Accepted(turn_id, slot.conversation_id, duplicate=False)
+
+    async def _store(
+        self, message: InboundMessage, row: dict[str, Any], *, rehearsal: bool = False
+    ) -> queries.TurnSlot:
+        """Store the message's turn ``row`` in its conversation (created for a key's first
+        message), counted against fair use: the accept's writes, all or nothing.
+
+        A turn stored running (``_begins_at_accept``) is handed to its conversation's
+        worker once committed. ``rehearsal`` (``rehearse``): every statement runs, then
+        all is rolled back by ``Rehearsed``, and no worker is started.
+        """
+        # An ingress-only process wakes the workers, at commit.
+        announce_channel = None if self.runs_turns else wakeups.CHANNEL
+        begun: asyncio.Future[Turn | None] | None = None
+        try:
+            slot, absent = await self._place_at_once(message, row, announce_channel)
+            if slot is not None:
+                return slot
+            async with self._sessions() as session, session.begin():
+                # A conversation the statement just found absent is created below (or,
+                # created meanwhile, found there): not looked for a second time here.
+                placed = (
+                    None if absent else await _place_turn(session, message, row, announce_channel)
+                )
+                if placed is not None:
+                    slot = placed.slot
+                    if not placed.stored:
+                        _refuse_other_persona(slot, message)
+                    await self._admit(session, message)
+                    return slot
+                # SQLite, or the key's first message: slot, then turn
+                slot = await queries.take_turn_slot(
+                    session,
+                    owner=message.owner,
+                    channel=message.channel,
+                    external_key=message.conversation_key,
+                    persona=message.persona,
+                )
+                _refuse_other_persona(slot, message)
+                await self._admit(session, message)
+                row["conversation_id"] = slot.conversation_id
+                row["seq"] = slot.seq
+                if not rehearsal and self._begins_at_accept(slot.conversation_id):
+                    row["status"] = TurnStatus.RUNNING
+                    row["started_at"] = utcnow()
+                    begun = self._start_worker(slot.conversation_id)
+                await queries.insert_turn(
+                    session, row, channel=message.channel, event_id=message.event_id
+                )
+                if announce_channel is not None:
+                    await wakeups.announce(session, slot.conversation_id)
+                if rehearsal:
+                    raise Rehearsed
+            if begun is not None:
+                # Committed: the worker runs it from here, with the columns just written.
+                begun.set_result(Turn(**row))
+            return slot
+        finally:
+            if begun is not None and not begun.done():
+                # Rolled back: nothing to run; the worker only looks for queued work.
+                begun.set_result(None)
+
+    async def rehearse(self, message: InboundMessage) -> None:
+        """Run an accept's statements for ``message`` and store nothing.
+
+        A process's first accept compiles each of its statements (SQLAlchemy; on
+        PostgreSQL asyncpg prepares them too): 7.6 ms on SQLite and 30 on PostgreSQL
+        where a warm one takes 1.1 and 4.2 (``bench/accept.py``). Rehearsed at start,
+        a key's first message pays for none of it. ``message`` must be one no key can
+        send (an owner of its own): on PostgreSQL the one statement runs outside a
+        transaction and, finding no conversation, writes nothing; the rest is rolled
+        back. The rehearsed row has the columns of a real message's (an API message's).
+        """
+        try:
+            await self._store(message, _turn_row(message), rehearsal=True)
+        except Rehearsed:
+            return
+        raise RuntimeError("a rehearsed accept found a conversation: the rehearsal's owner exists")
 
     async def _admit(self, session: AsyncSession, message: InboundMessage) -> None:
         """Count the message against its fair-use subjects in the accept's transaction, or
@@ -786,6 +806,32 @@ class TurnService:
             await asyncio.gather(task, return_exceptions=True)
         await self.claims.close()
         return cancelled
+
+
+class Rehearsed(Exception):
+    """Raised inside a rehearsed accept's transaction (``TurnService.rehearse``): roll it back."""
+
+
+def _turn_row(message: InboundMessage) -> dict[str, Any]:
+    """A new turn's columns for ``message``, but its conversation and number.
+
+    Every turn's row has the same columns, ``started_at`` included (set where it is
+    stored running): the statement that inserts it is then one, compiled once.
+    """
+    return {
+        "id": new_id(),
+        "channel": message.channel,
+        "reply_to": dict(message.reply_to),
+        "user_id": storable_or_none(message.user_id),
+        "user_name": storable_or_none(message.user_name),
+        # Storable before it is ever tokenized: the stored text and ids agree.
+        "user_text": storable(message.text),
+        "api_key_id": message.api_key_id,
+        "status": TurnStatus.QUEUED,
+        "started_at": None,
+        "layer_ms": dict(message.layer_ms),
+        "created_at": dt.datetime.fromtimestamp(message.received_at, dt.UTC),
+    }
 
 
 def _refuse_other_persona(slot: queries.TurnSlot, message: InboundMessage) -> None:
