@@ -37,6 +37,7 @@ Run:  .venv/bin/python bench/turns.py --conversations 4 --turns 12
       add --loop uvloop to run the service (and the client) on uvloop's event loop
       add --one-request to stream each reply in its POST's response (no second request)
       add --pause-ms 500 for a person's pause before each next message (chats out of step)
+      add --warm-process to serve another key's one-turn chat first (not counted)
 """
 
 from __future__ import annotations
@@ -78,8 +79,11 @@ from bot.storage.models import Message, Turn
 from bot.storage.tokens import unpack_token_ids
 
 
-async def stored_prompts(db_url: str) -> dict[str, list[tuple[int, list[int]]]]:
-    """Per conversation: (turn seq, exact prompt ids) rebuilt from the stored history."""
+async def stored_prompts(
+    db_url: str, skipped_turns: frozenset[str] = frozenset()
+) -> dict[str, list[tuple[int, list[int]]]]:
+    """Per conversation: (turn seq, exact prompt ids) rebuilt from the stored history,
+    leaving out the conversations of ``skipped_turns``."""
     from sqlalchemy import select
 
     engine = create_engine(db_url)
@@ -100,7 +104,10 @@ async def stored_prompts(db_url: str) -> dict[str, list[tuple[int, list[int]]]]:
                 if turn_id == turn.id and role == "user":
                     break
             prompts.setdefault(turn.conversation_id, []).append((turn.seq, prompt))
+        skipped = {turn.conversation_id for turn in turns if turn.id in skipped_turns}
     await engine.dispose()
+    for conversation_id in skipped:
+        del prompts[conversation_id]
     return prompts
 
 
@@ -191,6 +198,15 @@ async def main(args: argparse.Namespace) -> None:
     runner, base = await serve_on_loopback(app)
 
     key = await bench_key(db_url, "bench")
+    warm_turns: frozenset[str] = frozenset()
+    if args.warm_process:
+        # Another key's chat of one turn first: the timed chats then find a process that
+        # has served a turn (a conversation's first message is still cold, its key new).
+        warm = Plan(1, 1, args.one_request, 0.0)
+        warmed = await run_chats_in_subprocess(
+            base, await bench_key(db_url, "warm"), args.loop, warm
+        )
+        warm_turns = frozenset(r.get("turn_id", "") for c in warmed.conversations for r in c)
 
     steps_before = engine_steps()
     cpu_before = time.process_time()
@@ -207,7 +223,7 @@ async def main(args: argparse.Namespace) -> None:
     failures = [r for r in results if r.get("kind") != "done"]
 
     # Same prompts straight to the engine, same concurrency, from a cold prefix cache.
-    prompts = await stored_prompts(db_url)
+    prompts = await stored_prompts(db_url, warm_turns)
     await engine.llm.reset_prefix_cache()
     started = time.perf_counter()
     cpu_before = time.process_time()
@@ -402,6 +418,12 @@ if __name__ == "__main__":
         help="each chat waits a random time of this mean (exponential) before its next "
         "message, as a person would: the chats' turns no longer start and end in step "
         "(the wall-clock ratio then counts the pauses; the summed end-to-end does not)",
+    )
+    parser.add_argument(
+        "--warm-process",
+        action="store_true",
+        help="serve one turn of another key's chat before the timed chats (not counted): "
+        "their first turns then find a process that has run every statement once",
     )
     arguments = parser.parse_args()
     run_on(arguments.loop, main(arguments))
