@@ -23,7 +23,7 @@ from sqlalchemy import bindparam, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from bot.storage.db import storage_unavailable
-from bot.storage.models import ApiKey, new_id, utcnow
+from bot.storage.models import ApiKey, utcnow
 from bot.storage.queries import as_utc
 
 KEY_PREFIX = "bot"
@@ -138,17 +138,15 @@ async def create_key(
 
 
 async def authenticate(
-    read_sessions: async_sessionmaker[AsyncSession],
-    sessions: async_sessionmaker[AsyncSession],
-    presented: str,
+    read_sessions: async_sessionmaker[AsyncSession], presented: str
 ) -> Principal | None:
     """The principal for a presented key, or None (unknown, wrong, revoked or expired).
 
     The key is looked up in a read-only session: on SQLite that takes no write
-    lock, so checking a key never queues behind the turns being written. Only
-    when ``last_used_at`` is over a minute old is it written, in a short write.
-    A valid key is then trusted for ``KEY_CHECK_TTL_S`` without a lookup (its
-    expiry is still checked every time).
+    lock, so checking a key never queues behind the turns being written; nor does
+    it wait for its ``last_used_at`` to be written (``keep_keys_fresh`` does that,
+    to the minute, in the background). A valid key is then trusted for
+    ``KEY_CHECK_TTL_S`` without a lookup (its expiry is still checked every time).
     """
     prefix = split_key(presented)
     if prefix is None:
@@ -172,7 +170,7 @@ async def authenticate(
         # service that emptied the pool and stalled every ack): one asks, the rest wait.
         pending = known.lookups.get(digest)
         if pending is None:
-            return await _look_up(read_sessions, sessions, known, prefix, digest)
+            return await _look_up(read_sessions, known, prefix, digest)
         # Shielded: a waiter whose client leaves must not cancel the lookup for the others.
         answer = await asyncio.shield(pending)
         if not isinstance(answer, _Retry):
@@ -181,7 +179,6 @@ async def authenticate(
 
 async def _look_up(
     read_sessions: async_sessionmaker[AsyncSession],
-    sessions: async_sessionmaker[AsyncSession],
     known: _KnownKeys,
     prefix: str,
     digest: str,
@@ -190,7 +187,7 @@ async def _look_up(
     answer: asyncio.Future[Principal | _Retry | None] = asyncio.get_running_loop().create_future()
     known.lookups[digest] = answer
     try:
-        principal = await _check_stored(read_sessions, sessions, known, prefix, digest)
+        principal = await _check_stored(read_sessions, known, prefix, digest)
     except Exception as exc:
         answer.set_exception(exc)
         answer.exception()  # seen: nobody may be waiting to retrieve it
@@ -207,7 +204,6 @@ async def _look_up(
 
 async def _check_stored(
     read_sessions: async_sessionmaker[AsyncSession],
-    sessions: async_sessionmaker[AsyncSession],
     known: _KnownKeys,
     prefix: str,
     digest: str,
@@ -225,8 +221,8 @@ async def _check_stored(
         return None
     if record.expires_at is not None and as_utc(record.expires_at) <= now:
         return None
-    if record.last_used_at is None or now - as_utc(record.last_used_at) > LAST_USED_RESOLUTION:
-        await _note_use(sessions, {record.id: now})
+    # Its use is noted by the next refresh (``keep_keys_fresh``, within half a second), not
+    # here: a key's first request would wait for a write (SQLite's lock, a transaction).
     principal = _principal(record.id, record.owner, record.scopes)
     known.checked[digest] = _Checked(principal, record.expires_at, looked_up_at, looked_up_at)
     while len(known.checked) > KEYS_REMEMBERED:
@@ -255,18 +251,14 @@ async def _note_use(
         )
 
 
-async def rehearse_key_check(
-    read_sessions: async_sessionmaker[AsyncSession], sessions: async_sessionmaker[AsyncSession]
-) -> None:
-    """A key's check, statements and all, for a key no one has: nothing found, nothing
-    written (``bot.warm_up``). The first request of a process otherwise compiles them."""
+async def rehearse_key_check(read_sessions: async_sessionmaker[AsyncSession]) -> None:
+    """A key's check, its statement and all, for a key no one has: nothing found
+    (``bot.warm_up``). The first request of a process otherwise compiles it."""
     prefix = secrets.token_hex(PREFIX_BYTES)
     known = _KnownKeys()  # not the process's: nothing of this is remembered
-    found = await _check_stored(read_sessions, sessions, known, prefix, hash_key(prefix))
+    found = await _check_stored(read_sessions, known, prefix, hash_key(prefix))
     if found is not None:
         raise RuntimeError("a made-up key was found")
-    # A key's first use in a while notes it: no key has this id.
-    await _note_use(sessions, {new_id(): utcnow()})
 
 
 REFRESH_RETRY_MAX_S = 8.0

@@ -163,7 +163,7 @@ async def create_app(
         await turns.recover()
         # The statements of a message's way to its first token, compiled before the first
         # message rather than in it (bot.warm_up).
-        await warm_up(turns, runner, key_reads=app[SHORT_READS], sessions=sessions)
+        await warm_up(turns, runner, key_reads=app[SHORT_READS])
         # A full collection walks every tracked object: with the engine's and the
         # libraries' millions of long-lived ones loaded it stalled the loop, every ack
         # with it, for 250-380 ms (bench/load.py). Frozen, those are left out of every

@@ -37,17 +37,15 @@ async def warm_up(
     runner: TurnRunner,
     *,
     key_reads: async_sessionmaker[AsyncSession],
-    sessions: async_sessionmaker[AsyncSession],
 ) -> None:
     """Check a made-up key, rehearse an API message's accept, claim, start and history.
 
-    ``key_reads`` and ``sessions``: the request handlers' (a key's check and the
-    accept run there). A failure is logged and the service starts anyway: the first
-    message then pays as before.
+    ``key_reads``: the request handlers' reads (a key's check runs there). A failure
+    is logged and the service starts anyway: the first message then pays as before.
     """
     started = time.perf_counter()
     try:
-        await rehearse_key_check(key_reads, sessions)
+        await rehearse_key_check(key_reads)
         await turns.rehearse(
             InboundMessage(
                 channel=API.name,

@@ -28,7 +28,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from bot.apikeys import authenticate
 from bot.http.errors import json_error
-from bot.http.keys import DB_ANSWERS, DB_PROBE, ENGINE, SERVER, SESSIONS, SHORT_READS, TURNS
+from bot.http.keys import DB_ANSWERS, DB_PROBE, ENGINE, SERVER, SHORT_READS, TURNS
 from bot.metrics import CONTENT_TYPE, BotMetrics
 
 log = structlog.get_logger(__name__)
@@ -115,7 +115,7 @@ async def _is_admin(request: web.Request) -> web.Response | None:
     if scheme.lower() != "bearer" or not key.strip():
         return json_error(401, "auth", "missing 'Authorization: Bearer <admin key>' header")
     main = _main(request)
-    principal = await authenticate(main[SHORT_READS], main[SESSIONS], key.strip())
+    principal = await authenticate(main[SHORT_READS], key.strip())
     if principal is None:
         return json_error(401, "auth", "unknown, revoked or expired API key")
     if "admin" not in principal.scopes:

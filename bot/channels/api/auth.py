@@ -11,7 +11,7 @@ from aiohttp import web
 
 from bot.apikeys import Principal, authenticate
 from bot.http.errors import json_error
-from bot.http.keys import SESSIONS, SHORT_READS
+from bot.http.keys import SHORT_READS
 
 CHAT_SCOPE = "chat"
 
@@ -29,7 +29,7 @@ async def authenticate_chat(request: web.Request) -> Principal | web.Response:
     key = bearer_key(request)
     if key is None:
         return json_error(401, "auth", "missing 'Authorization: Bearer <api key>' header")
-    principal = await authenticate(request.app[SHORT_READS], request.app[SESSIONS], key)
+    principal = await authenticate(request.app[SHORT_READS], key)
     if principal is None:
         return json_error(401, "auth", "unknown, revoked or expired API key")
     if CHAT_SCOPE not in principal.scopes:

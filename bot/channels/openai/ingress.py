@@ -75,7 +75,7 @@ async def authenticate_request(request: web.Request) -> Principal:
         raise RequestRefused(
             openai_error(401, "Missing 'Authorization: Bearer <api key>' header.", "auth")
         )
-    principal = await authenticate(request.app[SHORT_READS], request.app[SESSIONS], key)
+    principal = await authenticate(request.app[SHORT_READS], key)
     if principal is None:
         raise RequestRefused(openai_error(401, "Unknown, revoked or expired API key.", "auth"))
     return principal
