@@ -315,6 +315,11 @@ async def main(args: argparse.Namespace) -> None:
         for r in results
         if r.get("turn_id") in engine.first_text_at and r["turn"] > 0
     ]
+    first_before_engine = [
+        (engine.asked_at[r["turn_id"]] - r["sent_at"]) * 1000
+        for r in results
+        if r.get("turn_id") in engine.first_text_at and r["turn"] == 0
+    ]
 
     share = 100 * cached / max(1, cacheable)
     e2e_ratio = service_e2e / direct_e2e
@@ -350,6 +355,7 @@ async def main(args: argparse.Namespace) -> None:
         ("  POST sent -> generate called", service_before_engine),
         ("    of it, the client's post() to on the wire", client_building),
         (f"    turns 2..{args.turns} only", later_before_engine),
+        ("    first turns only", first_before_engine),
         ("  first text from vLLM -> client's first delta", service_after_engine),
         ("engine's queue + prefill in those turns", engine_part),
         ("client TTFT through the service", [r["ttft_ms"] for r in results]),
