@@ -40,6 +40,7 @@ from bot.turns.inbound import InboundMessage
 from bot.turns.limits import TOKEN_METRICS, FairUse
 from bot.turns.service import TurnService
 from bot.turns.streams import TurnStreams
+from bot.warm_up import rehearsal_message
 
 CONVERSATIONS = 40
 # A subject's tokens today: the rows its day is spread over (``bot.turns.limits``).
@@ -157,17 +158,22 @@ async def service_accepts(
         await engine.dispose()
 
 
-async def cold_accepts(url: str, engines: int = 5) -> tuple[float, float]:
+async def cold_accepts(
+    url: str, engines: int = 5, *, rehearsed: bool = False
+) -> tuple[float, float]:
     """Wall-clock and CPU ms of a new engine's first accept (a conversation's first
     message), the median over ``engines``: as after a process's start, every statement
     on its way is compiled (and on PostgreSQL prepared) for the first time, and the
-    pool's first connection is opened."""
+    pool's first connection is opened. ``rehearsed``: after the service's warm-up
+    rehearsal of an accept (``bot.warm_up``), as the service starts."""
     walls, cpus = [], []
     for _ in range(engines):
         engine = create_engine(url)
         service = TurnService(create_sessionmaker(engine), TurnStreams())
         service.schedule = lambda conversation_id: None  # type: ignore[method-assign]
         service.fair_use = FairUse(load_settings(None).limits)
+        if rehearsed:
+            await service.rehearse(rehearsal_message())
         cpu, wall = time.process_time(), time.perf_counter()
         await service.accept(message(uuid.uuid4().hex[:8], 0, first=True))
         walls.append((time.perf_counter() - wall) * 1000)
@@ -295,6 +301,7 @@ async def measure(url: str, n: int) -> list[tuple[str, tuple[float, float]]]:
             await service_accepts(url, n, fair_use=True, first=True),
         ),
         ("the same on a new engine (cold), median of 5", await cold_accepts(url)),
+        ("  after the warm-up's rehearsal", await cold_accepts(url, rehearsed=True)),
     ]
     if is_sqlite(url):
         rows.append(("same SQL plainly through sqlite3", await plain_sqlite(url, n)))

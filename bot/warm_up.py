@@ -32,6 +32,19 @@ REHEARSAL_OWNER = "rehearsal:"
 owner nor a platform's, so no conversation of anyone's is ever found or written."""
 
 
+def rehearsal_message() -> InboundMessage:
+    """An API message of an owner no one is, to a conversation no one has."""
+    return InboundMessage(
+        channel=API.name,
+        event_id=new_id(),
+        owner=f"{REHEARSAL_OWNER}{new_id()}",
+        conversation_key=new_id(),
+        text="",
+        user_id=new_id(),
+        api_key_id=new_id(),
+    )
+
+
 async def warm_up(
     turns: TurnService,
     runner: TurnRunner,
@@ -46,17 +59,7 @@ async def warm_up(
     started = time.perf_counter()
     try:
         await rehearse_key_check(key_reads)
-        await turns.rehearse(
-            InboundMessage(
-                channel=API.name,
-                event_id=new_id(),
-                owner=f"{REHEARSAL_OWNER}{new_id()}",
-                conversation_key=new_id(),
-                text="",
-                user_id=new_id(),
-                api_key_id=new_id(),
-            )
-        )
+        await turns.rehearse(rehearsal_message())
         if turns.runs_turns:
             await turns.claims.rehearse()
             await runner.rehearse()
