@@ -57,6 +57,11 @@ async def test_keys_create_list_revoke_rotate(db_url: str, make_client: MakeClie
     key = created.stdout.strip()
     assert key.startswith("bot_") and len(key.splitlines()) == 1
     assert await status_with(client, key) == 404  # authenticated: the turn just does not exist
+    # Its use is written by the service's background refresh, within half a second.
+    deadline = time.monotonic() + 5.0
+    while (await stored_keys(db_url))[0].last_used_at is None:
+        assert time.monotonic() < deadline, "the key's use was never written"
+        await asyncio.sleep(0.1)
 
     [record] = await stored_keys(db_url)
     assert key not in (record.secret_hash, record.prefix) and key.split("_", 2)[2] not in str(
