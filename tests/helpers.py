@@ -15,6 +15,7 @@ import asyncpg
 from aiohttp import ClientResponse
 from sqlalchemy import event, func, select
 from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.engine.interfaces import CacheStats
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from bot.apikeys import create_key
@@ -259,12 +260,16 @@ def app_sync_engines(app: Any) -> list[Engine]:
 
 
 @contextmanager
-def recorded_statements(*sync_engines: Engine) -> Iterator[list[str]]:
-    """Every SQL statement the ``sync_engines`` send while the block runs, in order."""
+def recorded_statements(*sync_engines: Engine, compiled_only: bool = False) -> Iterator[list[str]]:
+    """Every SQL statement the ``sync_engines`` send while the block runs, in order;
+    ``compiled_only``: only those compiled meanwhile (their engine's compiled cache missed)."""
     statements: list[str] = []
 
-    def record(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
-        statements.append(statement)
+    def record(
+        _conn: Any, _cursor: Any, statement: str, _params: Any, context: Any, *_: Any
+    ) -> None:
+        if not compiled_only or getattr(context, "cache_hit", None) is CacheStats.CACHE_MISS:
+            statements.append(statement)
 
     for sync_engine in sync_engines:
         event.listen(sync_engine, "before_cursor_execute", record)

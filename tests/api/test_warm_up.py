@@ -8,20 +8,16 @@ service runs them once at start, storing nothing.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 from aiohttp.test_utils import TestClient, TestServer
-from sqlalchemy import Engine, event, select
-from sqlalchemy.engine.interfaces import CacheStats
+from sqlalchemy import event, select
 from sqlalchemy.exc import OperationalError
 from structlog.testing import capture_logs
 
 from bot.app import create_app
 from bot.engine.settings import EngineSettings
 from bot.engine.vllm_local import LocalVLLMEngine
-from bot.http.keys import DB_ENGINES
 from bot.storage.db import create_engine, create_sessionmaker, is_sqlite
 from bot.storage.models import ApiKey, UsageCounter
 from bot.turns.chat_format import ChatFormat
@@ -32,6 +28,7 @@ from tests.helpers import (
     auth,
     count_rows,
     read_sse,
+    recorded_statements,
 )
 
 
@@ -43,24 +40,6 @@ def left_cold_on_postgresql(statement: str) -> bool:
         statement.startswith("SELECT turns.id,")
         and statement.endswith("FROM turns \nWHERE turns.id = $1::VARCHAR")
     )
-
-
-@contextmanager
-def compiled_meanwhile(*sync_engines: Engine) -> Iterator[list[str]]:
-    """The statements the engines compile while the block runs (their cache missed)."""
-    compiled: list[str] = []
-
-    def note(_conn: Any, _cursor: Any, statement: str, _params: Any, context: Any, *_: Any) -> None:
-        if getattr(context, "cache_hit", None) is CacheStats.CACHE_MISS:
-            compiled.append(statement)
-
-    for sync_engine in sync_engines:
-        event.listen(sync_engine, "before_cursor_execute", note)
-    try:
-        yield compiled
-    finally:
-        for sync_engine in sync_engines:
-            event.remove(sync_engine, "before_cursor_execute", note)
 
 
 async def stored_counts(db_url: str) -> tuple[int, int]:
@@ -83,7 +62,7 @@ async def test_a_first_message_compiles_nothing_before_its_reply_and_the_warm_up
     await assert_nothing_stored(db_url)
     assert await stored_counts(db_url) == (0, 0)
 
-    with compiled_meanwhile(*app_sync_engines(client.app)) as compiled:
+    with recorded_statements(*app_sync_engines(client.app), compiled_only=True) as compiled:
         response = await client.post(
             "/v1/messages",
             json={"conversation_id": "c1", "message_id": "m1", "text": "hello"},
@@ -119,7 +98,7 @@ async def test_a_warm_up_that_fails_is_logged_and_the_service_starts_and_answers
             raised.append(statement)
             raise OperationalError(statement, params, ConnectionResetError("injected fault"))
 
-    engines = [engine.sync_engine for engine in app[DB_ENGINES].distinct]
+    engines = app_sync_engines(app)
     for sync_engine in engines:
         event.listen(sync_engine, "before_cursor_execute", lose_the_turn)
     client: TestClient[Any, Any] = TestClient(TestServer(app, host="127.0.0.1"))
