@@ -17,6 +17,7 @@ from sqlalchemy import (
     func,
     insert,
     literal,
+    literal_column,
     or_,
     select,
     update,
@@ -125,6 +126,22 @@ async def _create_conversation(
 
 
 @dataclass(frozen=True)
+class ConversationHead:
+    """Where a conversation's history read starts: what ``History`` takes from the
+    conversation's row, read in one statement."""
+
+    head_seq: int | None
+    """The active branch's last entry; None: no history yet."""
+    next_seq: int
+    """The conversation's next free ``messages.seq``."""
+    persona: str | None
+    owner: str | None
+
+
+NO_CONVERSATION = ConversationHead(None, 0, None, None)
+
+
+@dataclass(frozen=True)
 class TurnSlot:
     """Where a new turn goes: its open conversation and the turn number it took there."""
 
@@ -132,6 +149,8 @@ class TurnSlot:
     persona: str | None
     """The conversation's persona (a new one is created with the one asked for)."""
     seq: int
+    head: ConversationHead | None = None
+    """The conversation's head as the slot was taken (``take_turn_slot``), in its transaction."""
 
 
 _TAKE_SLOT = (
@@ -151,6 +170,19 @@ _TAKE_SLOT = (
     .returning(_CONVERSATIONS.c.id, _CONVERSATIONS.c.persona, _CONVERSATIONS.c.next_turn_seq)
 )
 """The next turn number of a key's open conversation; built once (every accept runs it)."""
+_TAKE_SLOT_AND_HEAD = _TAKE_SLOT.returning(
+    _CONVERSATIONS.c.head_seq,
+    # Written out: SQLite's RETURNING is rendered with unqualified names, a subquery's
+    # too, where ``id`` would be the entry's own instead of the updated conversation's.
+    literal_column(
+        f"(SELECT max(entries.seq) FROM {Message.__tablename__} AS entries"
+        f" WHERE entries.conversation_id = {Conversation.__tablename__}.id)",
+        Integer,
+    ),
+)
+"""The same, and the conversation's head (``ConversationHead``) as the slot is taken: a
+turn stored running in that transaction takes its history's head from here, not from a
+read of its own."""
 
 
 async def take_turn_slot(
@@ -177,9 +209,9 @@ async def take_turn_slot(
         "touched_at": utcnow(),
     }
     connection = await session.connection()
-    row = (await connection.execute(_TAKE_SLOT, take)).one_or_none()
+    row = (await connection.execute(_TAKE_SLOT_AND_HEAD, take)).one_or_none()
     if row is not None:
-        return TurnSlot(row[0], row[1], int(row[2]) - 1)
+        return _slot_of(row, owner)
     # The first turn takes seq 0 as the conversation is created; a race to create it lost,
     # the next number in the winner's.
     conversation_id = await _create_conversation(
@@ -191,9 +223,21 @@ async def take_turn_slot(
         next_turn_seq=1,
     )
     if conversation_id is None:
-        row = (await connection.execute(_TAKE_SLOT, take)).one()
-        return TurnSlot(row[0], row[1], int(row[2]) - 1)
-    return TurnSlot(conversation_id, persona, 0)
+        row = (await connection.execute(_TAKE_SLOT_AND_HEAD, take)).one()
+        return _slot_of(row, owner)
+    return TurnSlot(conversation_id, persona, 0, ConversationHead(None, 0, persona, owner))
+
+
+def _slot_of(row: Any, owner: str) -> TurnSlot:
+    """A ``_TAKE_SLOT_AND_HEAD`` row."""
+    conversation_id, persona, next_turn_seq, head_seq, last_entry_seq = row
+    head = ConversationHead(head_seq, _after(last_entry_seq), persona, owner)
+    return TurnSlot(conversation_id, persona, int(next_turn_seq) - 1, head)
+
+
+def _after(last_entry_seq: int | None) -> int:
+    """The next entry's seq."""
+    return 0 if last_entry_seq is None else int(last_entry_seq) + 1
 
 
 # The tables, not the mapped classes: an ORM-enabled INSERT goes through the ORM's bulk
@@ -598,7 +642,16 @@ _HEAD = select(
     Conversation.persona,
     Conversation.owner,
 ).where(Conversation.id == bindparam("conversation_id", type_=String))
-"""The head (unless given), the last seq, the persona and the owner: one round trip."""
+"""The head, the last seq, the persona and the owner: one round trip."""
+
+
+async def read_head(session: AsyncSession, conversation_id: str) -> ConversationHead:
+    """The conversation's head as it is now (``NO_CONVERSATION`` if there is none)."""
+    row = (await session.execute(_HEAD, {"conversation_id": conversation_id})).one_or_none()
+    if row is None:
+        return NO_CONVERSATION
+    head_seq, last_entry_seq, persona, owner = row
+    return ConversationHead(head_seq, _after(last_entry_seq), persona, owner)
 
 
 async def path_entries(
@@ -628,32 +681,33 @@ async def load_history(
     *,
     at: int | None = None,
     known: KnownPaths | None = None,
+    head: ConversationHead | None = None,
 ) -> History:
     """The prompt up to entry ``at`` (default: the conversation's head; -1: empty).
 
     With ``known``, only the entries added since the conversation's last path read
-    there are fetched, when the new path extends it (the same branch, no new base).
+    there are fetched, when the new path extends it (the same branch, no new base):
+    with ``head`` too (the conversation's row, read where its turn was started) and
+    the path known up to that head, nothing is read.
     """
-    head, last, persona, owner = (
-        await session.execute(_HEAD, {"conversation_id": conversation_id})
-    ).one_or_none() or (None, None, None, None)
-    next_seq = 0 if last is None else int(last) + 1
+    if head is None:
+        head = await read_head(session, conversation_id)
     if at is None:
-        at = head
+        at = head.head_seq
     if at is None or at < 0:
-        return History([], [], next_seq, persona=persona, owner=owner)
+        return History([], [], head.next_seq, persona=head.persona, owner=head.owner)
     path = await _read_path(session, conversation_id, at, known)
     if path is None:
-        return History([], [], next_seq, persona=persona, owner=owner)
+        return History([], [], head.next_seq, persona=head.persona, owner=head.owner)
     return History(
         unpack_token_ids(path.prompt),
         unpack_token_ids(path.last_assistant),
-        next_seq,
+        head.next_seq,
         ends_with_base=path.last_role == BASE_ROLE,
         head_seq=path.head_seq,
         last_role=path.last_role,
-        persona=persona,
-        owner=owner,
+        persona=head.persona,
+        owner=head.owner,
     )
 
 

@@ -21,7 +21,7 @@ from bot.engine.base import GenerationChunk, GenerationRequest, InferenceEngine
 from bot.errors import BotError, ContextOverflow, ErrorClass
 from bot.storage.known_paths import KnownPaths
 from bot.storage.models import Message, Turn, TurnStatus, new_id, utcnow
-from bot.storage.queries import History, as_utc, load_history
+from bot.storage.queries import ConversationHead, History, as_utc, load_history
 from bot.storage.text import storable
 from bot.storage.tokens import pack_token_ids
 from bot.turns.cancellation import Cancellations
@@ -118,14 +118,19 @@ class TurnRunner:
             await load_history(session, missing, at=0)
 
     async def run(
-        self, turn_id: str, *, persist_ms: float | None = None, begun: Turn | None = None
+        self,
+        turn_id: str,
+        *,
+        persist_ms: float | None = None,
+        begun: Turn | None = None,
+        head: ConversationHead | None = None,
     ) -> None:
         """Run a turn to its end (done or failed). Never raises for turn failures.
 
         A queued turn is started here; ``begun`` is the row of one its accept
-        stored running (``TurnService.accept``). Only the start (queued ->
-        running) may raise, a database error before the turn began: it stays
-        queued and its conversation's worker tries again.
+        stored running (``TurnService.accept``), ``head`` its conversation's head as
+        read there. Only the start (queued -> running) may raise, a database error
+        before the turn began: it stays queued and its conversation's worker tries again.
         """
         start_began = time.perf_counter()
         if begun is None:
@@ -169,7 +174,7 @@ class TurnRunner:
             )
             # Generation runs as its own task: a stop request cancels it and nothing else,
             # so the final write below is never cut off (``bot.turns.cancellation``).
-            generation = asyncio.create_task(self._generate(turn, sink, clock, progress))
+            generation = asyncio.create_task(self._generate(turn, sink, clock, progress, head))
             try:
                 with self.cancellations.generating(turn.id, generation):
                     await generation
@@ -244,15 +249,26 @@ class TurnRunner:
         return turn, covered
 
     async def _generate(
-        self, turn: Turn, sink: ReplySink, clock: LayerClock, progress: _Progress
+        self,
+        turn: Turn,
+        sink: ReplySink,
+        clock: LayerClock,
+        progress: _Progress,
+        head: ConversationHead | None,
     ) -> None:
         with clock.measure("deliver"):
             await sink.start()
         with clock.measure("history"):
             async with self._read_sessions() as session:
                 # An edit or a regeneration names where it forks off the tree; else the head.
+                # A turn begun at its accept has its conversation's head from there: with
+                # its path known (the conversation's last turn ran here), nothing is read.
                 history = await load_history(
-                    session, turn.conversation_id, at=turn.parent_seq, known=self._known_paths
+                    session,
+                    turn.conversation_id,
+                    at=turn.parent_seq,
+                    known=self._known_paths,
+                    head=head,
                 )
         cache_salt = self.policy.cache_salt(history.owner)
         persona = self._personas.choice(history.persona, self._chat_format)

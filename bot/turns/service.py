@@ -81,6 +81,17 @@ class PersonaConflict:
         )
 
 
+@dataclass(frozen=True)
+class BegunTurn:
+    """A turn its accept stored running, for its conversation's worker to run first."""
+
+    turn: Turn
+    head: queries.ConversationHead | None
+    """The conversation's head, read in the accept's transaction: the history the turn
+    answers (no head moves while a turn of the conversation is open: a branch switch is
+    refused, a compaction is the turn's own)."""
+
+
 class _PersonaConflictError(Exception):
     def __init__(self, conflict: PersonaConflict) -> None:
         super().__init__(conflict.reason)
@@ -228,7 +239,7 @@ class TurnService:
         """
         # An ingress-only process wakes the workers, at commit.
         announce_channel = None if self.runs_turns else wakeups.CHANNEL
-        begun: asyncio.Future[Turn | None] | None = None
+        begun: asyncio.Future[BegunTurn | None] | None = None
         try:
             slot, absent = await self._place_at_once(message, row, announce_channel)
             if slot is not None:
@@ -269,8 +280,10 @@ class TurnService:
                 if rehearsal:
                     raise Rehearsed
             if begun is not None:
-                # Committed: the worker runs it from here, with the columns just written.
-                begun.set_result(Turn(**row))
+                # Committed: the worker runs it from here, with the columns just written
+                # and the conversation's head as its slot was taken: its run reads no row
+                # when the path to that head is known (the conversation's last turn ran here).
+                begun.set_result(BegunTurn(Turn(**row), slot.head))
             return slot
         finally:
             if begun is not None and not begun.done():
@@ -366,14 +379,14 @@ class TurnService:
             and conversation_id not in self._workers
         )
 
-    def _start_worker(self, conversation_id: str) -> asyncio.Future[Turn | None]:
+    def _start_worker(self, conversation_id: str) -> asyncio.Future[BegunTurn | None]:
         """The conversation's worker, set up before the accept commits: it first runs the
         turn the returned future gives (None: the accept rolled back).
 
         Set up inside the accept's transaction, with no await in between, so that a
         second accept for the conversation finds the worker and stores its turn queued.
         """
-        begun: asyncio.Future[Turn | None] = asyncio.get_running_loop().create_future()
+        begun: asyncio.Future[BegunTurn | None] = asyncio.get_running_loop().create_future()
         self._workers[conversation_id] = asyncio.create_task(
             self._work(conversation_id, begun), name=f"conv-{conversation_id}"
         )
@@ -672,7 +685,7 @@ class TurnService:
             self._workers[conversation_id] = task
 
     async def _work(
-        self, conversation_id: str, begun: asyncio.Future[Turn | None] | None = None
+        self, conversation_id: str, begun: asyncio.Future[BegunTurn | None] | None = None
     ) -> None:
         """Run the conversation's queued turns in order until none is left.
 
@@ -687,11 +700,11 @@ class TurnService:
         assert runner is not None, "set_runner() before accepting turns"
         crashes = 0
         try:
-            if begun is not None and (turn := await begun) is not None:
+            if begun is not None and (first := await begun) is not None:
                 # Run even if draining began meanwhile: it is stored running, and a turn
                 # left running with no generation would end as interrupted, not answered.
-                self.claims.began_here(turn)
-                await self._run(conversation_id, runner, turn, begun=True)
+                self.claims.began_here(first.turn)
+                await self._run(conversation_id, runner, first.turn, begun=first)
             while True:
                 try:
                     if not await self._work_once(conversation_id, runner):
@@ -720,20 +733,26 @@ class TurnService:
             turn = await self.claims.claim_next(conversation_id)
             if turn is None:
                 break
-            await self._run(conversation_id, runner, turn, begun=False)
+            await self._run(conversation_id, runner, turn)
         # No await between this check and the removal (in ``_work``): a concurrent
         # schedule() either saw this worker or will start a new one.
         return conversation_id in self._dirty and self._accepting
 
     async def _run(
-        self, conversation_id: str, runner: TurnRunnerLike, turn: Turn, *, begun: bool
+        self,
+        conversation_id: str,
+        runner: TurnRunnerLike,
+        turn: Turn,
+        *,
+        begun: BegunTurn | None = None,
     ) -> None:
         """Run one turn of the conversation to its end (``begun``: stored running already)."""
         task = asyncio.create_task(
             runner.run(
                 turn.id,
                 persist_ms=self._persist_ms.pop(turn.id, None),
-                begun=turn if begun else None,
+                begun=begun.turn if begun else None,
+                head=begun.head if begun else None,
             )
         )
         self._active[conversation_id] = (turn.id, task)
@@ -878,5 +897,10 @@ class TurnRunnerLike(Protocol):
     """The runner as the service uses it (``bot.turns.runner.TurnRunner``)."""
 
     async def run(
-        self, turn_id: str, *, persist_ms: float | None = None, begun: Turn | None = None
+        self,
+        turn_id: str,
+        *,
+        persist_ms: float | None = None,
+        begun: Turn | None = None,
+        head: queries.ConversationHead | None = None,
     ) -> None: ...

@@ -26,6 +26,7 @@ from bot.engine.vllm_local import LocalVLLMEngine
 from bot.storage.db import is_sqlite
 from bot.storage.models import TurnStatus
 from tests.conftest import MakeClient, issue_key
+from tests.engine_spy import RecordingEngine
 from tests.engines import NulByteEngine, SlowEngine, TrickleEngine
 from tests.helpers import (
     auth,
@@ -34,6 +35,7 @@ from tests.helpers import (
     load_turns,
     read_sse,
     terminate_backends,
+    wait_until,
 )
 from tests.turns.conftest import WriteFaults
 
@@ -51,8 +53,9 @@ ACCEPT = (
 # Fair use's statement: the standing alone (SQLite), or the standing and the take (PostgreSQL).
 FAIR_USE = r"^(?:WITH standing AS\s*\()?SELECT \(SELECT limit_overrides"
 READ_HISTORY = r"^SELECT conversations\.head_seq, \(SELECT max"
-"""A turn's history read: its head, the one statement it always sends (with the path known
-from the previous turn's final write, the only one)."""
+"""A queued turn's history read: its conversation's head (with the path known from the
+previous turn's final write, the one statement it sends). A turn its accept stores
+running (SQLite, an idle conversation) has the head from the accept's statement."""
 
 
 def turn_lines(logs: list[dict[str, Any]], turn_id: str) -> list[dict[str, Any]]:
@@ -155,32 +158,47 @@ async def test_history_refused_for_good_fails_the_turn_visibly_and_the_chat_goes
 
 
 async def test_a_history_read_that_fails_fails_its_turn_once_and_the_chat_goes_on(
-    db_url: str, make_client: MakeClient, faults: list[WriteFaults]
+    db_url: str, make_client: MakeClient, faults: list[WriteFaults], engine: LocalVLLMEngine
 ) -> None:
     """A read, not a write, but the turn needs it: the turn ends once, failed, and the
-    next turn reads the history (known paths or not) and answers."""
-    client = await make_client(db_url)
+    next turn reads the history (known paths or not) and answers. The failing turn's
+    message comes while the one before is answered: it waits queued, and its run reads
+    the conversation's head."""
+    slow = SlowEngine(engine, 0.0)
+    recorded = RecordingEngine(slow)
+    client = await make_client(db_url, engine_override=recorded)
     key = await issue_key(db_url)
     fault = WriteFaults(client)
     faults.append(fault)
     with structlog.testing.capture_logs() as logs:
         first = await send(client, key, "m1", "Hello")
         assert (await final_event(client, key, first["turn_id"])).kind == "done"
+        slow.pause_s = 0.05
+        second = await send(client, key, "m2", "Go on")
+        # Its history read is behind it once it is generating: only the next one's fails.
+        await wait_until(lambda: len(recorded.calls) == 2, timeout_s=30)
         fault.fail(READ_HISTORY, times=1)
-        second = await send(client, key, "m2", "And then?")
-        ended = await final_event(client, key, second["turn_id"])
-        third = await send(client, key, "m3", "Again")
-        assert (await final_event(client, key, third["turn_id"])).kind == "done"
+        third = await send(client, key, "m3", "And then?")
+        assert (await final_event(client, key, second["turn_id"])).kind == "done"
+        ended = await final_event(client, key, third["turn_id"])
+        slow.pause_s = 0.0
+        fourth = await send(client, key, "m4", "Again")
+        assert (await final_event(client, key, fourth["turn_id"])).kind == "done"
 
     assert fault.raised == 1
     assert ended.kind == "error" and ended.data["error_class"] == "internal"
     turns = await load_turns(db_url)
-    assert [t.status for t in turns] == [TurnStatus.DONE, TurnStatus.FAILED, TurnStatus.DONE]
-    for accepted in (first, second, third):
+    assert [t.status for t in turns] == [
+        TurnStatus.DONE,
+        TurnStatus.DONE,
+        TurnStatus.FAILED,
+        TurnStatus.DONE,
+    ]
+    for accepted in (first, second, third, fourth):
         assert len(turn_lines(logs, accepted["turn_id"])) == 1
-    # The third turn's prompt is the first exchange and its own: nothing of the second.
+    # The fourth turn's prompt is the first two exchanges and its own: nothing of the third.
     roles = [m.role for m in await load_history_rows(db_url)]
-    assert roles == ["user", "assistant", "user", "assistant"]
+    assert roles == ["user", "assistant"] * 3
 
 
 async def test_a_turn_nothing_can_be_written_for_is_failed_and_the_next_one_answered(

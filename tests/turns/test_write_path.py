@@ -143,9 +143,15 @@ async def test_a_conversations_next_turn_reads_its_head_and_not_its_path(
     with recorded_statements(*app_sync_engines(client.app)) as statements:
         await answered(client, key, "m2")
 
-    # The entries the last turn stored are known since its final write committed: the
-    # history read is its head's, no walk of the path (one recursive query).
-    assert [s for s in statements if "conversations.head_seq" in s], statements
+    # The entries the last turn stored are known since its final write committed: no walk
+    # of the path (one recursive query). Its head: on SQLite, where a turn to an idle
+    # conversation is stored running by its accept, the accept's turn number statement
+    # returns it and the run reads nothing; on PostgreSQL the run reads it.
+    head_reads = [s for s in statements if s.startswith("SELECT conversations.head_seq")]
+    assert len(head_reads) == (0 if is_sqlite(db_url) else 1), statements
+    if is_sqlite(db_url):
+        slots = [s for s in statements if re.match(TURN_SLOT, s)]
+        assert len(slots) == 1 and "head_seq" in slots[0].partition("RETURNING")[2], slots
     assert not [s for s in statements if "RECURSIVE" in s], statements
     assert [t.status for t in await load_turns(db_url)] == [TurnStatus.DONE] * 3
 
