@@ -33,7 +33,7 @@ detokenization drops from the reply text; otherwise it is made in the text.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,6 +55,7 @@ from bot.storage.models import (
 from bot.storage.queries import History, path_entries
 from bot.storage.tokens import pack_token_ids, unpack_token_ids
 from bot.turns.chat_format import ChatFormat, Tokenizer
+from bot.turns.finished import FinishedTurn, InFinalWrite
 from bot.turns.preparation import Plan, Preparation
 from bot.turns.settings import CompactionSettings, GenerationSettings
 
@@ -79,9 +80,6 @@ class Exchange:
     assistant: str
 
 
-WriteInTurnEnd = Callable[[AsyncSession, Turn], Awaitable[None]]
-
-
 @dataclass(frozen=True)
 class Compacted:
     history: History
@@ -89,7 +87,7 @@ class Compacted:
     summary_tokens: int
     entries: Sequence[Message] = ()
     """A base not stored yet: stored with the turn's own entries, if the turn is done."""
-    write: WriteInTurnEnd | None = None
+    write: InFinalWrite | None = None
     """The rest of such a compaction, for the turn's final transaction."""
 
 
@@ -289,7 +287,7 @@ class Compactor:
         fields, base = self._rows(conversation_id, turn_id, history, plan)
         compaction_id = fields["id"]
 
-        async def write(session: AsyncSession, turn: Turn) -> None:
+        async def write(session: AsyncSession, turn: FinishedTurn) -> None:
             if turn.status != TurnStatus.DONE:
                 return
             # A fresh row per attempt: the final write may be retried after a rollback.

@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import datetime as dt
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import structlog
@@ -36,6 +36,7 @@ from bot.errors import USER_MESSAGES, ErrorClass
 from bot.storage.known_paths import KnownPaths
 from bot.storage.models import Conversation, Message, Turn, TurnStatus, table_of
 from bot.storage.text import storable
+from bot.turns.finished import FinishedTurn, InFinalWrite
 from bot.turns.replies import ReplySink
 from bot.turns.streams import TurnStreams
 
@@ -43,7 +44,6 @@ log = structlog.get_logger("bot.turn")
 
 TurnObserver = Callable[[dict[str, Any]], None]
 """Called with the fields of every canonical ``turn`` line (metrics hook in here)."""
-ChargeTurn = Callable[[AsyncSession, Turn], Awaitable[None]]
 
 FINAL_WRITE_BACKOFF_S = (0.2, 0.5, 1.0, 2.0)
 """Pauses between attempts of a final write: about 4 s of patience in all."""
@@ -190,14 +190,17 @@ def final_columns(end: TurnEnd, *, now: dt.datetime | None = None) -> dict[str, 
 
 
 # Built once, with bound parameters: every turn ends with them, on the event loop.
+_TURNS = table_of(Turn)
 _FINISH = (
-    update(Turn)
-    .where(Turn.id == bindparam("turn_id"), Turn.status.not_in(TurnStatus.FINAL))
+    update(_TURNS)
+    .where(_TURNS.c.id == bindparam("turn_id"), _TURNS.c.status.not_in(TurnStatus.FINAL))
     .values({name: bindparam(f"final_{name}") for name in final_columns(TurnEnd(TurnStatus.DONE))})
-    .returning(Turn)
-    .execution_options(synchronize_session=False)  # a new session: nothing to bring up to date
+    .returning(*(_TURNS.c[field.name] for field in dataclasses.fields(FinishedTurn)))
 )
-"""The one final status, only if the turn has none yet (another worker may have failed it)."""
+"""The one final status, only if the turn has none yet (another worker may have failed it).
+
+The table's UPDATE, not the ORM's: it returns the few columns ``FinishedTurn`` names,
+loads no ``Turn``."""
 _INSERT_ENTRIES = insert(table_of(Message))
 """The table's INSERT, not the ORM's: one executemany, no bulk machinery in between."""
 _CONVERSATIONS = table_of(Conversation)
@@ -243,7 +246,7 @@ class TurnEndings:
         *,
         sink: ReplySink | None = None,
         history: Sequence[Message] = (),
-        charge: ChargeTurn | None = None,
+        charge: InFinalWrite | None = None,
         known: KnownPaths | None = None,
     ) -> None:
         """End a turn this process ran: final write (retried), announcement, apology.
@@ -292,7 +295,7 @@ class TurnEndings:
         turn_id: str,
         end: TurnEnd,
         history: Sequence[Message],
-        charge: ChargeTurn | None,
+        charge: InFinalWrite | None,
         known: KnownPaths | None,
     ) -> TurnEnd | None:
         """Store ``end``; None when written, else the ending another path stored first."""
@@ -312,7 +315,7 @@ class TurnEndings:
         turn_id: str,
         end: TurnEnd,
         history: Sequence[Message],
-        charge: ChargeTurn | None,
+        charge: InFinalWrite | None,
         known: KnownPaths | None,
     ) -> TurnEnd | None:
         stored_history = ""  # the conversation whose entries this write adds
@@ -321,24 +324,26 @@ class TurnEndings:
             # took over (our lease ran out) is already final and is not updated. No read
             # before it: the write lock (SQLite) is held one round trip less.
             final = {f"final_{name}": value for name, value in final_columns(end).items()}
-            row = (await session.scalars(_FINISH, {"turn_id": turn_id, **final})).one_or_none()
-            if row is None:
+            connection = await session.connection()
+            returned = (await connection.execute(_FINISH, {"turn_id": turn_id, **final})).first()
+            if returned is None:
                 ended = await session.get(Turn, turn_id)
                 if ended is None:
                     return TurnEnd.failed(ErrorClass.CANCELLED, "deleted while running")
                 return end_of_row(ended)
+            row = FinishedTurn(*returned)
             adds_history = end.status == TurnStatus.DONE and bool(history)
             if adds_history:
                 # Core statements on the session's connection: one executemany for every
                 # entry (the ORM would send one per row), and no ORM execution around them.
-                await (await session.connection()).execute(_INSERT_ENTRIES, _entry_rows(history))
+                await connection.execute(_INSERT_ENTRIES, _entry_rows(history))
             if charge is not None:
                 await charge(session, row)
             if adds_history:
                 # The turn's reply becomes the active branch's end (``Message``). Last: the
                 # conversation's row stays locked until the commit, and the conversation's
                 # next accept (its turn number) waits for it.
-                await (await session.connection()).execute(
+                await connection.execute(
                     _MOVE_HEAD,
                     {"conversation_id": row.conversation_id, "new_head_seq": history[-1].seq},
                 )

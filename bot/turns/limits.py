@@ -50,8 +50,9 @@ from sqlalchemy import (
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from bot.storage.models import LimitOverride, Turn, UsageCounter, utcnow
+from bot.storage.models import LimitOverride, UsageCounter, utcnow
 from bot.storage.queries import Admission
+from bot.turns.finished import FinishedTurn
 from bot.turns.settings import LimitSettings
 
 MESSAGES_PER_MINUTE = "messages_per_minute"
@@ -395,12 +396,13 @@ class FairUse:
         day = int(self._clock() // DAY_S) * DAY_S
         statement = _CHARGE[_dialect(session)]
         metric = TOKEN_METRICS[next(self._charges) % TOKEN_SHARDS]
+        connection = await session.connection()  # not through the ORM, as in ``standing``
         for subject in subjects:
-            await session.execute(
+            await connection.execute(
                 statement, {"subject": subject, "metric": metric, "window": day, "amount": tokens}
             )
 
-    async def charge_turn(self, session: AsyncSession, turn: Turn) -> None:
+    async def charge_turn(self, session: AsyncSession, turn: FinishedTurn) -> None:
         """Charge what the engine computed for ``turn``: uncached prompt + generated tokens."""
         prompt = turn.prompt_tokens or 0
         cached = min(turn.cached_tokens or 0, prompt)

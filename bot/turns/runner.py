@@ -27,8 +27,8 @@ from bot.storage.tokens import pack_token_ids
 from bot.turns.cancellation import Cancellations
 from bot.turns.chat_format import ChatFormat, UserTurn
 from bot.turns.coalescing import claim_pending, coalesced_end, combined_content
-from bot.turns.compaction import WriteInTurnEnd
-from bot.turns.ending import ChargeTurn, TurnEnd, TurnEndings, timings_of, usage
+from bot.turns.ending import TurnEnd, TurnEndings, timings_of, usage
+from bot.turns.finished import FinishedTurn, InFinalWrite
 from bot.turns.personas import PersonaChoice, Personas
 from bot.turns.policy import TurnPolicy
 from bot.turns.replies import ReplySink, TurnAddress, UsageAwareSink
@@ -65,7 +65,7 @@ class _Progress:
     compaction_id: str | None = None
     cache_salt: str | None = None
     persona: PersonaChoice | None = None
-    compaction_write: WriteInTurnEnd | None = None
+    compaction_write: InFinalWrite | None = None
     """A compaction stored with the turn's end (a prepared base), its entries first in
     ``history_entries``."""
     compaction_entries: list[Message] = field(default_factory=list)
@@ -433,13 +433,13 @@ class TurnRunner:
         )
 
 
-def _in_final_write(*steps: ChargeTurn | None) -> ChargeTurn | None:
+def _in_final_write(*steps: InFinalWrite | None) -> InFinalWrite | None:
     """Steps run in the turn's final transaction, in order (``TurnEndings.finish``)."""
     present = [step for step in steps if step is not None]
     if not present:
         return None
 
-    async def run(session: AsyncSession, turn: Turn) -> None:
+    async def run(session: AsyncSession, turn: FinishedTurn) -> None:
         for step in present:
             await step(session, turn)
 
