@@ -21,6 +21,16 @@ vocabulary, while the template's own markup keeps its control tokens
 means it; if that yields any control token the template itself does not
 write, the rendering is tokenized again in pieces: the template's text around
 each content as usual, each content as literal text.
+
+Where the template writes contents as given (or trimmed), it never sees what a
+user wrote: a user turn after the first is the frame the template wrote around
+a stand-in at start-up, joined with the content (the template does not run on
+the way to every turn's first token), and a conversation's first prompt is
+rendered around a stand-in that the content then replaces (so are the messages
+a compaction renders whole, each around a stand-in of its own). For a content the
+template does not look into that is the template's own text; for a template
+that does look (a branch on what a message says), the user's words only ever
+fill a user turn: they cannot steer the template either.
 """
 
 from __future__ import annotations
@@ -97,7 +107,9 @@ class ChatFormat:
             add_generation_prompt=False,
         )
         self._check_prefix_stable()
-        self._shape = self._probe_content_shaping()
+        shape = self._probe_content_shaping()
+        self._shape = shape or _as_given
+        self._joins_frames = shape is not None
         self._first_frame = self._frame(
             [*self._system, _msg("user", _PROBE_USER)], add_generation_prompt=True
         )
@@ -147,8 +159,9 @@ class ChatFormat:
                 "is added; token-exact history (and prefix caching) is impossible with it"
             )
 
-    def _probe_content_shaping(self) -> Callable[[str], str]:
-        """How the template writes a content: as given, or trimmed (Llama 3, Gemma)."""
+    def _probe_content_shaping(self) -> Callable[[str], str] | None:
+        """How the template writes a content: as given, or trimmed (Llama 3, Gemma); None
+        for some other way."""
         messages = [
             *self._system,
             _msg("user", _PADDED_PROBE),
@@ -161,8 +174,9 @@ class ChatFormat:
             if _join(frame.texts, [shape(c) for c in contents]) == rendered:
                 return shape
         # A template that rewrites contents some other way: its markup is still kept
-        # around literal contents, only that rewriting is skipped (hostile text only).
-        return _as_given
+        # around literal contents, only that rewriting is skipped (hostile text only),
+        # and user turns are rendered by it (``_framed``).
+        return None
 
     def _derive_after_closed_frame(self) -> _Frame:
         longer = self._render(
@@ -228,9 +242,23 @@ class ChatFormat:
     def first_turn(self, content: str) -> UserTurn:
         """Ids of the very first prompt: system prompt, user message, generation prompt."""
         messages = [*self._system, _msg("user", content)]
-        rendered = self._render(messages, add_generation_prompt=True)
         contents = [messages[i]["content"] for i in self._first_frame.kept]
+        rendered = self._render_first(content)
         return UserTurn(self._tokenize(rendered, self._first_frame, contents), content)
+
+    def _render_first(self, content: str) -> str:
+        """The first prompt's text, rendered now: a conversation's opening may hold what
+        changes with time (Llama 3.2's writes today's date). Where the template writes
+        contents as given or trimmed, around a stand-in for the user's content, which
+        then takes its place: the template never sees what the user wrote."""
+        if self._joins_frames:
+            framed = self._render(
+                [*self._system, _msg("user", _SENTINEL_USER)], add_generation_prompt=True
+            )
+            before, found, after = framed.partition(_SENTINEL_USER)
+            if found and _SENTINEL_USER not in after:
+                return before + self._shape(content) + after
+        return self._render([*self._system, _msg("user", content)], add_generation_prompt=True)
 
     def next_turn(self, previous_generated: Sequence[int], content: str) -> UserTurn:
         """Ids to append after the previous reply: its closing, then the new user turn."""
@@ -238,26 +266,38 @@ class ChatFormat:
         return UserTurn(self.closing_ids(previous_generated) + after.token_ids, content)
 
     def turn_after_closed(self, content: str) -> UserTurn:
-        """Ids of a user turn after a history whose last reply is closed (a compacted base)."""
-        full = self._render(
-            [
-                *self._system,
-                _msg("user", _PROBE_USER),
-                _msg("assistant", _PROBE_ASSISTANT),
-                _msg("user", content),
-            ],
-            add_generation_prompt=True,
-        )
-        suffix = full[len(self._history_prefix) :]
-        return UserTurn(self._tokenize(suffix, self._after_closed_frame, [content]), content)
+        """Ids of a user turn after a history whose last reply is closed (a compacted base).
+
+        Every turn but a conversation's first: where the template writes contents as given
+        or trimmed, its frame (the template's text around a user turn, taken at start-up)
+        joined with the content, and the template does not run.
+        """
+        frame = self._after_closed_frame
+        if self._joins_frames:
+            suffix = _join(frame.texts, [self._shape(content)])
+        else:
+            full = self._render(
+                [
+                    *self._system,
+                    _msg("user", _PROBE_USER),
+                    _msg("assistant", _PROBE_ASSISTANT),
+                    _msg("user", content),
+                ],
+                add_generation_prompt=True,
+            )
+            suffix = full[len(self._history_prefix) :]
+        return UserTurn(self._tokenize(suffix, frame, [content]), content)
 
     def render_ids(
         self, messages: Sequence[dict[str, str]], *, add_generation_prompt: bool
     ) -> list[int]:
         """Render whole messages with the template and tokenize, once (compaction, summaries)."""
-        rendered = self._render(list(messages), add_generation_prompt=add_generation_prompt)
         frame = self._frame(messages, add_generation_prompt=add_generation_prompt)
         contents = [messages[i]["content"] for i in frame.kept]
+        if self._joins_frames:
+            rendered = _join(frame.texts, [self._shape(content) for content in contents])
+        else:
+            rendered = self._render(list(messages), add_generation_prompt=add_generation_prompt)
         return self._tokenize(rendered, frame, contents)
 
     @property
