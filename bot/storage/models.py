@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
+from collections.abc import Iterable
 from typing import Any, cast
 
 from sqlalchemy import (
@@ -23,9 +24,11 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    literal,
     text,
 )
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+from sqlalchemy.orm import DeclarativeBase, Mapped, QueryableAttribute, mapped_column, relationship
+from sqlalchemy.sql.elements import ColumnElement
 
 # Stable constraint names, so migrations can refer to them on every backend.
 NAMING_CONVENTION = {
@@ -56,6 +59,27 @@ class Base(DeclarativeBase):
 def table_of(model: type[Base]) -> Table:
     """``model``'s table, for Core statements that load no objects (the hot paths)."""
     return cast(Table, model.__table__)
+
+
+def one_of(
+    column: ColumnElement[Any] | QueryableAttribute[Any], values: Iterable[Any]
+) -> ColumnElement[bool]:
+    """``column IN (values)`` for values fixed when the statement is built, a bound
+    parameter each.
+
+    ``column.in_(values)`` binds the list as one "expanding" parameter, and SQLAlchemy
+    renders it into the statement's SQL again at every execution: fair use's standing
+    (every accept) took 87-103 us a call that way and 63-74 this way, where sqlite3
+    runs the whole statement in 14.
+    """
+    return column.in_([literal(value) for value in sorted(values)])
+
+
+def none_of(
+    column: ColumnElement[Any] | QueryableAttribute[Any], values: Iterable[Any]
+) -> ColumnElement[bool]:
+    """``column NOT IN (values)``, as ``one_of``."""
+    return column.not_in([literal(value) for value in sorted(values)])
 
 
 class ApiKey(Base):

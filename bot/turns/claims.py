@@ -50,7 +50,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from bot.errors import ErrorClass
 from bot.storage.db import create_read_sessionmaker, is_sqlite
-from bot.storage.models import Turn, TurnStatus, new_id, utcnow
+from bot.storage.models import Turn, TurnStatus, new_id, one_of, utcnow
 from bot.storage.queries import as_utc
 from bot.turns.cancellation import stop_requested
 from bot.turns.ending import TurnEnd, TurnEndings, apply_to_row
@@ -61,6 +61,8 @@ from bot.turns.wakeups import WakeupListener
 log = structlog.get_logger(__name__)
 
 OPEN_STATUSES = (TurnStatus.QUEUED, TurnStatus.RUNNING)
+_IS_OPEN = one_of(Turn.status, OPEN_STATUSES)
+"""A turn not ended yet: the condition of every claim, poll and start."""
 INTERRUPTED_APOLOGY = "Sorry, I was restarted while answering. Please ask again."
 POLL_BATCH = 200
 CLAIM_RETRIES = 3
@@ -316,7 +318,7 @@ class TurnClaims(abc.ABC):
                         Turn.lease_expires_at,
                         Turn.created_at,
                     )
-                    .where(Turn.status.in_(OPEN_STATUSES))
+                    .where(_IS_OPEN)
                     .order_by(Turn.created_at)
                     .limit(POLL_BATCH)
                 )
@@ -372,7 +374,7 @@ _OPEN_HEAD = (
     select(Turn)
     .where(
         Turn.conversation_id == bindparam("conversation_id", type_=String),
-        Turn.status.in_(OPEN_STATUSES),
+        _IS_OPEN,
     )
     .order_by(Turn.seq)
     .limit(1)
@@ -434,9 +436,7 @@ class LocalClaims(TurnClaims):
         """Every lease an earlier run left is dead: running turns are interrupted, queued free."""
         async with self._sessions() as session, session.begin():
             await session.execute(
-                update(Turn)
-                .where(Turn.status.in_(OPEN_STATUSES))
-                .values(lease_owner=None, lease_expires_at=None)
+                update(Turn).where(_IS_OPEN).values(lease_owner=None, lease_expires_at=None)
             )
 
 
@@ -449,7 +449,7 @@ class LeasedClaims(TurnClaims):
     async def _claim_head(self, conversation_id: str) -> tuple[ClaimOutcome, Turn | None]:
         head_id = (
             select(Turn.id)
-            .where(Turn.conversation_id == conversation_id, Turn.status.in_(OPEN_STATUSES))
+            .where(Turn.conversation_id == conversation_id, _IS_OPEN)
             .order_by(Turn.seq)
             .limit(1)
             .scalar_subquery()
@@ -520,7 +520,7 @@ class LeasedClaims(TurnClaims):
         async with self._sessions() as session, session.begin():
             await session.execute(
                 update(Turn)
-                .where(Turn.status.in_(OPEN_STATUSES), Turn.lease_owner == self.worker_id)
+                .where(_IS_OPEN, Turn.lease_owner == self.worker_id)
                 .values(lease_owner=None, lease_expires_at=None)
             )
 
@@ -566,7 +566,7 @@ class LeasedClaims(TurnClaims):
         async with self._sessions() as session, session.begin():
             result = await session.execute(
                 update(Turn)
-                .where(Turn.lease_owner == self.worker_id, Turn.status.in_(OPEN_STATUSES))
+                .where(Turn.lease_owner == self.worker_id, _IS_OPEN)
                 .where(in_use)
                 # On the database's clock (see ``database_now``).
                 .values(lease_expires_at=func.now() + self.lease)

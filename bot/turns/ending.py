@@ -34,7 +34,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from bot.errors import USER_MESSAGES, ErrorClass
 from bot.storage.known_paths import KnownPaths
-from bot.storage.models import Conversation, Message, Turn, TurnStatus, table_of
+from bot.storage.models import Conversation, Message, Turn, TurnStatus, none_of, table_of
 from bot.storage.text import storable
 from bot.turns.finished import FinishedTurn, InFinalWrite
 from bot.turns.replies import ReplySink
@@ -193,7 +193,7 @@ def final_columns(end: TurnEnd, *, now: dt.datetime | None = None) -> dict[str, 
 _TURNS = table_of(Turn)
 _FINISH = (
     update(_TURNS)
-    .where(_TURNS.c.id == bindparam("turn_id"), _TURNS.c.status.not_in(TurnStatus.FINAL))
+    .where(_TURNS.c.id == bindparam("turn_id"), none_of(_TURNS.c.status, TurnStatus.FINAL))
     .values({name: bindparam(f"final_{name}") for name in final_columns(TurnEnd(TurnStatus.DONE))})
     .returning(*(_TURNS.c[field.name] for field in dataclasses.fields(FinishedTurn)))
 )

@@ -50,7 +50,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from bot.storage.models import LimitOverride, UsageCounter, utcnow
+from bot.storage.models import LimitOverride, UsageCounter, one_of, utcnow
 from bot.storage.queries import Admission
 from bot.turns.finished import FinishedTurn
 from bot.turns.settings import LimitSettings
@@ -144,7 +144,7 @@ def _tokens_used() -> Any:
                 0,
             )
         )
-        .where(UsageCounter.subject == _SUBJECT, UsageCounter.metric.in_(TOKEN_METRICS))
+        .where(UsageCounter.subject == _SUBJECT, one_of(UsageCounter.metric, TOKEN_METRICS))
         .scalar_subquery()
     )
 
