@@ -247,8 +247,11 @@ class TurnService:
             async with self._sessions() as session, session.begin():
                 # A conversation the statement just found absent is created below (or,
                 # created meanwhile, found there): not looked for a second time here.
+                # SQLite has no one-statement placement (``queries.place_turn``).
                 placed = (
-                    None if absent else await _place_turn(session, message, row, announce_channel)
+                    await _place_turn(session, message, row, announce_channel)
+                    if self._places_at_once and not absent
+                    else None
                 )
                 if placed is not None:
                     slot = placed.slot
