@@ -244,22 +244,17 @@ class TurnClaims(abc.ABC):
     def _running_here(self) -> Any:
         """The SQL condition for a running turn this process is responsible for."""
 
-    async def reap_dead(self, schedule: Schedule) -> list[str]:
-        """Fail turns left ``running`` here with no live generation for ``watchdog_grace_s``.
-
-        Returns the ids it failed; their conversations are scheduled again.
-        """
-        async with self._read_sessions() as session:
-            running = await self._running_ids(session)
-        return await self._reap(running, schedule)
-
     async def _running_ids(self, session: AsyncSession) -> set[str]:
         """The turns ``running`` here, as the database has them."""
         query = select(Turn.id).where(Turn.status == TurnStatus.RUNNING, self._running_here())
         return set(await session.scalars(query))
 
     async def _reap(self, running: set[str], schedule: Schedule) -> list[str]:
-        """``reap_dead`` with the turns ``running`` here already read."""
+        """Fail turns left ``running`` here (``running``, as the poll read them) with no live
+        generation for ``watchdog_grace_s``.
+
+        Returns the ids it failed; their conversations are scheduled again.
+        """
         now = time.monotonic()
         dead = running - self._live()
         self._dead_since = {turn_id: self._dead_since.get(turn_id, now) for turn_id in dead}
@@ -360,9 +355,9 @@ class TurnClaims(abc.ABC):
         ]
 
     async def _poll_once(self, schedule: Schedule, cancel: CancelHere) -> None:
-        # One read session for all of a poll's looks: a session is a pooled checkout,
-        # a BEGIN and a ROLLBACK and the ORM's set-up around them, 1.2 ms of the event
-        # loop a look on SQLite, every second, for a poll that rarely finds anything.
+        # One read session for all of a poll's looks: each session is a pooled checkout,
+        # a BEGIN and a ROLLBACK and the ORM's set-up around them, on the event loop
+        # every second, for a poll that rarely finds anything.
         async with self._read_sessions() as session:
             running = await self._running_ids(session)
             claimable = await self._claimable(session)
