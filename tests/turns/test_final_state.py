@@ -2,7 +2,7 @@
 
 Faults are injected where they happen in production: a real driver error
 raised at a chosen statement of the app's own database engine (one write of a
-turn: its start, its final status, its history entries), U+0000 in a reply
+turn: its start, its final status, its history entries, its charge), U+0000 in a reply
 or a message (PostgreSQL refuses it), a table locked by another session for
 longer than a write may wait. For each, the promise is checked from outside:
 the stream ends with ``done`` or ``error``, the row is final, there is exactly
@@ -20,11 +20,13 @@ import asyncpg
 import pytest
 import structlog
 from aiohttp.test_utils import TestClient
+from sqlalchemy import func, select
 from sqlalchemy.engine import make_url
 
 from bot.engine.vllm_local import LocalVLLMEngine
-from bot.storage.db import is_sqlite
-from bot.storage.models import TurnStatus
+from bot.storage.db import create_engine, is_sqlite
+from bot.storage.models import TurnStatus, UsageCounter
+from bot.turns.limits import TOKEN_METRICS
 from tests.conftest import MakeClient, issue_key
 from tests.engine_spy import RecordingEngine
 from tests.engines import NulByteEngine, SlowEngine, TrickleEngine
@@ -43,6 +45,9 @@ from tests.turns.conftest import WriteFaults
 START = r"^UPDATE turns SET (?:(?! WHERE ).)*\bstarted_at="
 FINAL = r"^UPDATE turns SET (?:(?! WHERE ).)*\bfinished_at="
 HISTORY = r"^INSERT INTO messages"
+# Fair use's charge of a turn's tokens, in its final write: the counter's upsert with no
+# limit (the accept's take of a message has one, in its WHERE).
+CHARGE = r"^INSERT INTO usage_counters (?:(?! WHERE ).)*RETURNING"
 # The statement that stores a turn. On PostgreSQL the turn's INSERT is a CTE of its
 # inbound event's, and, in a conversation that exists, itself selects from the turn
 # number's UPDATE (one round trip).
@@ -129,6 +134,34 @@ async def test_a_write_that_fails_twice_is_retried_and_the_turn_answered(
     assert roles == ["user", "assistant", "user", "assistant"]
     for accepted in (first, second):
         assert len(turn_lines(logs, accepted["turn_id"])) == 1
+
+
+async def test_a_charge_that_fails_twice_is_retried_with_its_turn_and_counted_once(
+    db_url: str, make_client: MakeClient, faults: list[WriteFaults]
+) -> None:
+    # The charge shares the final write's transaction: a failed one rolls the turn's
+    # final status back with it, and the retry writes both, once.
+    client = await make_client(db_url)
+    key = await issue_key(db_url)
+    fault = WriteFaults(client)
+    faults.append(fault)
+    fault.fail(CHARGE, times=2)
+    first = await send(client, key, "m1", "Hello")
+    assert (await final_event(client, key, first["turn_id"])).kind == "done"
+    assert fault.raised == 2
+    (turn,) = await load_turns(db_url)
+    assert turn.status == TurnStatus.DONE
+    computed = (turn.prompt_tokens or 0) - (turn.cached_tokens or 0) + (turn.completion_tokens or 0)
+    assert computed > 0
+    engine = create_engine(db_url)
+    try:
+        async with engine.connect() as connection:
+            charged = await connection.scalar(
+                select(func.sum(UsageCounter.value)).where(UsageCounter.metric.in_(TOKEN_METRICS))
+            )
+    finally:
+        await engine.dispose()
+    assert charged == computed
 
 
 async def test_history_refused_for_good_fails_the_turn_visibly_and_the_chat_goes_on(
