@@ -31,7 +31,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from harness import scratch_database
+from harness import add_database_servers, scratch_database
 from sqlalchemy.engine import make_url
 
 from bot.config import load_settings
@@ -315,10 +315,5 @@ if __name__ == "__main__":
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--n", type=int, default=2000, help="accepts per line")
-    parser.add_argument(
-        "--database",
-        action="append",
-        default=[],
-        help="also a PostgreSQL server's URL, where a new database is made (repeatable)",
-    )
+    add_database_servers(parser)
     asyncio.run(main(parser.parse_args()))

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from accept import message, timed
-from harness import scratch_database
+from harness import add_database_servers, scratch_database
 from sqlalchemy import bindparam, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -171,10 +171,5 @@ if __name__ == "__main__":
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--n", type=int, default=2000, help="final writes per line")
-    parser.add_argument(
-        "--database",
-        action="append",
-        default=[],
-        help="also a PostgreSQL server's URL, where a new database is made (repeatable)",
-    )
+    add_database_servers(parser)
     asyncio.run(main(parser.parse_args()))

@@ -43,6 +43,17 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_database_servers(parser: argparse.ArgumentParser) -> None:
+    """``--database``, repeatable: PostgreSQL servers to run on after SQLite, a new
+    database made on each (``scratch_database``)."""
+    parser.add_argument(
+        "--database",
+        action="append",
+        default=[],
+        help="also a PostgreSQL server's URL, where a new database is made (repeatable)",
+    )
+
+
 def served_model(args: argparse.Namespace) -> tuple[Path, str]:
     """The model folder ``add_model_arguments`` chose, and its engine dtype."""
     if args.model:

@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from harness import scratch_database
+from harness import add_database_servers, scratch_database
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -148,7 +148,7 @@ async def run(url: str, lengths: list[int], repeats: int) -> None:
 
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--database", action="append", default=[], help="a PostgreSQL URL")
+    add_database_servers(parser)
     parser.add_argument("--lengths", default="16,100,400", help="entries on the path")
     parser.add_argument("--repeats", type=int, default=100)
     args = parser.parse_args()

@@ -175,7 +175,7 @@ class ChatFormat:
                 return shape
         # A template that rewrites contents some other way: its markup is still kept
         # around literal contents, only that rewriting is skipped (hostile text only),
-        # and user turns are rendered by it (``_framed``).
+        # and user turns are rendered by it (``first_turn``, ``turn_after_closed``).
         return None
 
     def _derive_after_closed_frame(self) -> _Frame:

@@ -18,9 +18,9 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 @dataclass(frozen=True)
 class FinishedTurn:
-    """A turn as its final write left it: the columns the steps in that write read."""
+    """A turn as its final write left it: the columns the final write and the steps in it
+    read. Each field is named after its ``turns`` column, which the UPDATE returns."""
 
-    id: str
     conversation_id: str
     status: str
     channel: str
