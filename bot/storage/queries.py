@@ -26,6 +26,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import aliased
 
+from bot.storage import in_place
 from bot.storage.known_paths import KnownPath, KnownPaths
 from bot.storage.models import (
     BASE_ROLE,
@@ -209,9 +210,9 @@ async def take_turn_slot(
         "touched_at": utcnow(),
     }
     connection = await session.connection()
-    row = (await connection.execute(_TAKE_SLOT_AND_HEAD, take)).one_or_none()
-    if row is not None:
-        return _slot_of(row, owner)
+    rows = await in_place.execute(connection, _TAKE_SLOT_AND_HEAD, take)
+    if rows:
+        return _slot_of(rows[0], owner)
     # The first turn takes seq 0 as the conversation is created; a race to create it lost,
     # the next number in the winner's.
     conversation_id = await _create_conversation(
@@ -306,8 +307,9 @@ async def insert_turn(
             {**turn, "event_channel": channel, "event_id": event_id, "received_at": utcnow()},
         )
         return
-    await connection.execute(_INSERT_TURN, turn)
-    await connection.execute(
+    await in_place.execute(connection, _INSERT_TURN, turn)
+    await in_place.execute(
+        connection,
         _INSERT_EVENT,
         {
             "channel": channel,

@@ -50,6 +50,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from bot.storage import in_place
 from bot.storage.models import LimitOverride, UsageCounter, one_of, utcnow
 from bot.storage.queries import Admission
 from bot.turns.finished import FinishedTurn
@@ -294,8 +295,8 @@ class FairUse:
         # On the session's connection, not through the ORM: the statement loads no objects,
         # and the ORM's way of running it cost the accept more than the statement did.
         connection = await session.connection()
-        row = (await connection.execute(_STANDING, {"subject": subject, "day": day})).one()
-        return self._standing(row)
+        rows = await in_place.execute(connection, _STANDING, {"subject": subject, "day": day})
+        return self._standing(rows[0])
 
     def _standing(self, row: Any) -> Standing:
         """A ``_STANDING`` row (overrides, tokens used on its ``:day``): the standing."""
@@ -383,11 +384,12 @@ class FairUse:
         self, session: AsyncSession, subject: str, minute: int, limit: int
     ) -> bool:
         connection = await session.connection()  # not through the ORM, as in ``standing``
-        taken = await connection.execute(
+        taken = await in_place.execute(
+            connection,
             _TAKE_MESSAGE[_dialect(session)],
             {"subject": subject, "window": minute, "amount": 1, "limit": limit},
         )
-        return taken.scalar_one_or_none() is not None
+        return bool(taken)
 
     async def charge(self, session: AsyncSession, subjects: list[str], tokens: int) -> None:
         """Add a finished turn's tokens to each subject's day (atomic across workers)."""
