@@ -34,7 +34,9 @@ async def engine(db_url: str) -> AsyncIterator[AsyncEngine]:
 
 async def a_conversation(engine: AsyncEngine) -> str:
     async with create_sessionmaker(engine)() as session, session.begin():
-        slot = await take_turn_slot(session, owner="o", channel="api", external_key="k")
+        slot = await take_turn_slot(
+            await session.connection(), owner="o", channel="api", external_key="k"
+        )
     return slot.conversation_id
 
 

@@ -172,7 +172,7 @@ def limits_show(key: str | None, user: str | None, as_json: bool) -> None:
             day = int(time.time() // DAY_S) * DAY_S
             rows: list[dict[str, str | int]] = []
             for subject in subjects:
-                standing = await fair_use.standing(session, subject, day)
+                standing = await fair_use.standing(await session.connection(), subject, day)
                 rows.append(
                     {
                         "subject": subject,

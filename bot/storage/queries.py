@@ -23,7 +23,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from sqlalchemy.orm import aliased
 
 from bot.storage import in_place
@@ -81,7 +81,11 @@ async def open_conversation(
     if conversation is not None:
         return conversation
     await _create_conversation(
-        session, owner=owner, channel=channel, external_key=external_key, persona=persona
+        await session.connection(),
+        owner=owner,
+        channel=channel,
+        external_key=external_key,
+        persona=persona,
     )
     return (await session.scalars(query)).one()  # ours, or the one that won the race
 
@@ -97,7 +101,7 @@ _CREATE_CONVERSATION = {
 
 
 async def _create_conversation(
-    session: AsyncSession,
+    connection: AsyncConnection,
     *,
     owner: str,
     channel: str,
@@ -119,7 +123,6 @@ async def _create_conversation(
         "persona": persona,
         "next_turn_seq": next_turn_seq,
     }
-    connection = await session.connection()
     statement = _CREATE_CONVERSATION[connection.dialect.name]
     if (await connection.execute(statement, created)).first() is None:
         return None
@@ -187,7 +190,7 @@ read of its own."""
 
 
 async def take_turn_slot(
-    session: AsyncSession,
+    connection: AsyncConnection,
     *,
     owner: str,
     channel: str,
@@ -209,14 +212,13 @@ async def take_turn_slot(
         "key_external": external_key,
         "touched_at": utcnow(),
     }
-    connection = await session.connection()
     rows = await in_place.execute(connection, _TAKE_SLOT_AND_HEAD, take)
     if rows:
         return _slot_of(rows[0], owner)
     # The first turn takes seq 0 as the conversation is created; a race to create it lost,
     # the next number in the winner's.
     conversation_id = await _create_conversation(
-        session,
+        connection,
         owner=owner,
         channel=channel,
         external_key=external_key,
@@ -287,7 +289,7 @@ _TURN_AND_EVENT: dict[frozenset[str], Any] = {}
 
 
 async def insert_turn(
-    session: AsyncSession, turn: dict[str, Any], *, channel: str, event_id: str
+    connection: AsyncConnection, turn: dict[str, Any], *, channel: str, event_id: str
 ) -> None:
     """A new turn's row (``turn``: its columns, ``id`` and status included) and its inbound
     event.
@@ -296,7 +298,6 @@ async def insert_turn(
     that would flush two objects cost the event loop more than both statements.
     A redelivery fails here or at commit with ``IntegrityError`` (channel, event_id).
     """
-    connection = await session.connection()
     if connection.dialect.name == "postgresql":
         columns = frozenset(turn)
         statement = _TURN_AND_EVENT.get(columns)

@@ -48,7 +48,7 @@ from sqlalchemy import (
     true,
 )
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
 from bot.storage import in_place
 from bot.storage.models import LimitOverride, UsageCounter, one_of, utcnow
@@ -290,11 +290,10 @@ class FairUse:
     def defaults(self) -> Limits:
         return self._defaults
 
-    async def standing(self, session: AsyncSession, subject: str, day: int) -> Standing:
+    async def standing(self, connection: AsyncConnection, subject: str, day: int) -> Standing:
         """``subject``'s limits (its override, else the default) and its tokens used on ``day``."""
-        # On the session's connection, not through the ORM: the statement loads no objects,
-        # and the ORM's way of running it cost the accept more than the statement did.
-        connection = await session.connection()
+        # On a connection, not through the ORM: the statement loads no objects, and the
+        # ORM's way of running it cost the accept more than the statement did.
         rows = await in_place.execute(connection, _STANDING, {"subject": subject, "day": day})
         return self._standing(rows[0])
 
@@ -329,7 +328,7 @@ class FairUse:
             },
         )
 
-    async def admit(self, session: AsyncSession, subjects: list[str]) -> None:
+    async def admit(self, connection: AsyncConnection, subjects: list[str]) -> None:
         """Count one message against every subject, or raise ``RateLimited``.
 
         Call it inside the transaction that stores the message: a refusal raises
@@ -339,7 +338,7 @@ class FairUse:
         day = int(now // DAY_S) * DAY_S
         minute = int(now // MINUTE_S) * MINUTE_S
         for subject in subjects:
-            standing, taken = await self._standing_and_take(session, subject, day, minute)
+            standing, taken = await self._standing_and_take(connection, subject, day, minute)
             limits = standing.limits
             if limits.tokens_per_day and standing.tokens_used >= limits.tokens_per_day:
                 raise RateLimited(
@@ -353,7 +352,7 @@ class FairUse:
                 )
 
     async def _standing_and_take(
-        self, session: AsyncSession, subject: str, day: int, minute: int
+        self, connection: AsyncConnection, subject: str, day: int, minute: int
     ) -> tuple[Standing, bool]:
         """``subject``'s standing, and whether one message of its minute's allowance was
         taken (a subject with no message limit takes none). A take for a message then
@@ -362,8 +361,7 @@ class FairUse:
         On PostgreSQL one statement, one round trip (an accept waits for each); on
         SQLite, whose statements cost no round trip, the two it is made of.
         """
-        if _dialect(session) == "postgresql":
-            connection = await session.connection()  # not through the ORM, as in ``standing``
+        if connection.dialect.name == "postgresql":
             row = (
                 await connection.execute(
                     _STANDING_AND_TAKE,
@@ -376,17 +374,18 @@ class FairUse:
                 )
             ).one()
             return self._standing(row), row[3] is not None
-        standing = await self.standing(session, subject, day)
+        standing = await self.standing(connection, subject, day)
         limit = standing.limits.messages_per_minute
-        return standing, bool(limit) and await self._take_message(session, subject, minute, limit)
+        return standing, bool(limit) and await self._take_message(
+            connection, subject, minute, limit
+        )
 
     async def _take_message(
-        self, session: AsyncSession, subject: str, minute: int, limit: int
+        self, connection: AsyncConnection, subject: str, minute: int, limit: int
     ) -> bool:
-        connection = await session.connection()  # not through the ORM, as in ``standing``
         taken = await in_place.execute(
             connection,
-            _TAKE_MESSAGE[_dialect(session)],
+            _TAKE_MESSAGE[connection.dialect.name],
             {"subject": subject, "window": minute, "amount": 1, "limit": limit},
         )
         return bool(taken)

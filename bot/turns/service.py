@@ -23,7 +23,7 @@ from typing import Any, Protocol
 import structlog
 from sqlalchemy import select
 from sqlalchemy.exc import DBAPIError, IntegrityError
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_sessionmaker
 
 from bot.errors import ErrorClass
 from bot.storage import queries
@@ -253,22 +253,25 @@ class TurnService:
                     if self._places_at_once and not absent
                     else None
                 )
+                # The transaction's one connection, asked for once: each ask costs the
+                # session's bookkeeping, and the statements below run on it directly.
+                connection = await session.connection()
                 if placed is not None:
                     slot = placed.slot
                     if not placed.stored:
                         _refuse_other_persona(slot, message)
-                    await self._admit(session, message)
+                    await self._admit(connection, message)
                     return slot
                 # SQLite, or the key's first message: slot, then turn
                 slot = await queries.take_turn_slot(
-                    session,
+                    connection,
                     owner=message.owner,
                     channel=message.channel,
                     external_key=message.conversation_key,
                     persona=message.persona,
                 )
                 _refuse_other_persona(slot, message)
-                await self._admit(session, message)
+                await self._admit(connection, message)
                 row["conversation_id"] = slot.conversation_id
                 row["seq"] = slot.seq
                 if not rehearsal and self._begins_at_accept(slot.conversation_id):
@@ -276,7 +279,7 @@ class TurnService:
                     row["started_at"] = utcnow()
                     begun = self._start_worker(slot.conversation_id)
                 await queries.insert_turn(
-                    session, row, channel=message.channel, event_id=message.event_id
+                    connection, row, channel=message.channel, event_id=message.event_id
                 )
                 if announce_channel is not None:
                     await wakeups.announce(session, slot.conversation_id)
@@ -310,7 +313,7 @@ class TurnService:
             return
         raise RuntimeError("a rehearsed accept found a conversation: the rehearsal's owner exists")
 
-    async def _admit(self, session: AsyncSession, message: InboundMessage) -> None:
+    async def _admit(self, connection: AsyncConnection, message: InboundMessage) -> None:
         """Count the message against its fair-use subjects in the accept's transaction, or
         raise ``RateLimited`` (which rolls every count back with the rest).
 
@@ -320,7 +323,7 @@ class TurnService:
         on a new conversation: one message here, the next in one statement).
         """
         if self.fair_use is not None and not message.unlimited:
-            await self.fair_use.admit(session, _limit_subjects(message))
+            await self.fair_use.admit(connection, _limit_subjects(message))
 
     async def _place_at_once(
         self, message: InboundMessage, row: dict[str, Any], announce_channel: str | None
@@ -494,7 +497,7 @@ class TurnService:
                 seq = await queries.allocate_turn_seq(session, target.conversation_id)
                 if self.fair_use is not None:
                     await self.fair_use.admit(
-                        session,
+                        await session.connection(),
                         subjects_for(
                             api_key_id=target.api_key_id,
                             channel=target.channel,

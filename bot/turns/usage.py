@@ -250,7 +250,9 @@ class UsageReports:
             counted, limit = 0, 0
             if self._fair_use is not None:
                 window = int(now // DAY_S) * DAY_S
-                standing = await self._fair_use.standing(session, subject, window)
+                standing = await self._fair_use.standing(
+                    await session.connection(), subject, window
+                )
                 counted, limit = standing.tokens_used, standing.limits.tokens_per_day
         return Today(
             day=day,

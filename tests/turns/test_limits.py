@@ -162,20 +162,20 @@ async def test_platform_users_are_limited_one_by_one(sqlite_url: str) -> None:
     try:
         for _ in range(2):
             async with sessions() as session, session.begin():
-                await fair_use.admit(session, alice)
+                await fair_use.admit(await session.connection(), alice)
         try:
             async with sessions() as session, session.begin():
-                await fair_use.admit(session, alice)
+                await fair_use.admit(await session.connection(), alice)
         except RateLimited as exc:
             assert exc.refusal.retry_after_s == 60
             assert "60 seconds" in exc.refusal.user_message
         else:
             raise AssertionError("the third message in a minute was admitted")
         async with sessions() as session, session.begin():
-            await fair_use.admit(session, bob)
+            await fair_use.admit(await session.connection(), bob)
         now[0] += 60  # the next minute
         async with sessions() as session, session.begin():
-            await fair_use.admit(session, alice)
+            await fair_use.admit(await session.connection(), alice)
     finally:
         await engine.dispose()
 
@@ -199,7 +199,7 @@ async def test_admit_counts_refuses_and_rolls_back_on_every_backend(db_url: str)
         statements.clear()
         try:
             async with sessions() as session, session.begin():
-                await fair_use.admit(session, [subject])
+                await fair_use.admit(await session.connection(), [subject])
         except RateLimited as exc:
             return exc.refusal.limit
         return None
@@ -263,11 +263,11 @@ async def test_turns_ending_together_charge_one_key_without_waiting_for_each_oth
             async with sessions() as session, session.begin():
                 await fair_use.charge(session, ["key:a"], 1)
         async with sessions() as session:
-            standing = await fair_use.standing(session, "key:a", int(day[0]))
+            standing = await fair_use.standing(await session.connection(), "key:a", int(day[0]))
             assert standing.tokens_used == 360
             # The next day counts from nothing, whichever rows held the last one.
             day[0] += 86_400
-            standing = await fair_use.standing(session, "key:a", int(day[0]))
+            standing = await fair_use.standing(await session.connection(), "key:a", int(day[0]))
             assert standing.tokens_used == 0
     finally:
         await engine.dispose()
