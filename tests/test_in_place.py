@@ -16,13 +16,14 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from bot.storage import in_place
 from bot.storage.db import create_engine, create_sessionmaker
-from bot.storage.models import Conversation, InboundEvent, Turn, new_id, table_of
+from bot.storage.models import Conversation, InboundEvent, Message, Turn, new_id, table_of
 from bot.storage.queries import take_turn_slot
 
 TURNS = table_of(Turn)
 EVENTS = table_of(InboundEvent)
 INSERT_TURN = insert(TURNS)
 INSERT_EVENT = insert(EVENTS)
+INSERT_ENTRIES = insert(table_of(Message))
 
 
 @pytest.fixture
@@ -119,6 +120,51 @@ async def test_an_insert_in_place_stores_what_sqlalchemys_execution_stores(
     assert abs(
         dt.datetime.fromisoformat(ours_received) - dt.datetime.fromisoformat(theirs_received)
     ) < dt.timedelta(seconds=30)
+
+
+def entries(conversation_id: str, first_seq: int) -> list[dict[str, Any]]:
+    return [
+        {
+            "conversation_id": conversation_id,
+            "seq": first_seq + n,
+            "role": role,
+            "text": "déjà vu\n🙂",
+            "token_ids": bytes([n, 0, 255, 7]),
+            "turn_id": None,
+            "parent_seq": None if n == 0 else first_seq + n - 1,
+        }
+        for n, role in enumerate(("user", "assistant"))
+    ]
+
+
+async def test_many_rows_in_place_are_stored_as_sqlalchemys_executemany_stores_them(
+    sqlite_url: str,
+) -> None:
+    engine = create_engine(sqlite_url)
+    try:
+        conversation_id = await a_conversation(engine)
+        statements = heard(engine)
+        async with engine.begin() as connection:
+            await in_place.execute_many(connection, INSERT_ENTRIES, entries(conversation_id, 0))
+            await connection.execute(INSERT_ENTRIES, entries(conversation_id, 10))
+        assert [context is None for _, context in statements] == [True, False]
+    finally:
+        await engine.dispose()
+    raw = sqlite3.connect(make_url(sqlite_url).database or "")
+    try:
+        cursor = raw.execute("SELECT * FROM messages ORDER BY seq")
+        names = [d[0] for d in cursor.description]
+        rows = [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+    finally:
+        raw.close()
+    assert len(rows) == 4
+    differ = {"id", "seq", "parent_seq", "created_at"}
+    ours, theirs = rows[:2], rows[2:]
+    for mine, other in zip(ours, theirs, strict=True):
+        assert {k: v for k, v in mine.items() if k not in differ} == {
+            k: v for k, v in other.items() if k not in differ
+        }
+        assert len(mine["created_at"]) == len(other["created_at"])
 
 
 async def test_a_duplicate_in_place_raises_sqlalchemys_integrity_error_and_stores_nothing(

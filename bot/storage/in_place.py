@@ -79,19 +79,9 @@ def _in_place(sync: Connection) -> sqlite3.Connection | None:
     return driver.in_place_connection() if isinstance(driver, OneTripConnection) else None
 
 
-async def execute(
-    connection: AsyncConnection, statement: Any, parameters: Mapping[str, Any]
-) -> Sequence[Sequence[Any]]:
-    """Run ``statement`` with ``parameters`` on ``connection``: the rows it returns."""
-    sync = connection.sync_connection
-    raw = None if sync is None else _in_place(sync)
-    if sync is None or raw is None:
-        result = await connection.execute(statement, dict(parameters))
-        return result.all() if result.returns_rows else []
-    key = (statement, frozenset(parameters))
-    compiled = _compiled.get(key)
-    if compiled is None:
-        compiled = _compiled[key] = _compile(statement, key[1], sync.dialect)
+def _bound(compiled: _Compiled, parameters: Mapping[str, Any]) -> tuple[Any, ...]:
+    """``parameters`` as sqlite3 takes them: in the SQL's order, defaults filled in,
+    each value as its column's type stores it."""
     if compiled.defaults:
         # A callable default is SQLAlchemy's wrapper of a function of no arguments (the
         # models' ``utcnow``, ``new_id``), which takes the execution context: there is none.
@@ -101,19 +91,60 @@ async def execute(
         }
     values = compiled.compiled.construct_params(parameters)
     processors = compiled.processors
-    bound = tuple(
+    return tuple(
         processors[name](values[name]) if name in processors else values[name]
         for name in compiled.order
     )
+
+
+def _run(sync: Connection, raw: sqlite3.Connection, sql: str, bound: Any, many: bool) -> list[Any]:
     dispatch = sync.dispatch
     if dispatch.before_cursor_execute:
         for listener in dispatch.before_cursor_execute:
-            listener(sync, None, compiled.sql, bound, None, False)
+            listener(sync, None, sql, bound, None, many)
     try:
-        rows = raw.execute(compiled.sql, bound).fetchall()
+        rows = (
+            raw.executemany(sql, bound).fetchall() if many else raw.execute(sql, bound).fetchall()
+        )
     except sqlite3.Error as error:
-        raise DBAPIError.instance(compiled.sql, bound, error, sqlite3.Error) from error
+        raise DBAPIError.instance(sql, bound, error, sqlite3.Error) from error
     if dispatch.after_cursor_execute:
         for listener in dispatch.after_cursor_execute:
-            listener(sync, None, compiled.sql, bound, None, False)
+            listener(sync, None, sql, bound, None, many)
     return rows
+
+
+def _compiled_for(statement: Any, names: frozenset[str], sync: Connection) -> _Compiled:
+    key = (statement, names)
+    compiled = _compiled.get(key)
+    if compiled is None:
+        compiled = _compiled[key] = _compile(statement, names, sync.dialect)
+    return compiled
+
+
+async def execute(
+    connection: AsyncConnection, statement: Any, parameters: Mapping[str, Any]
+) -> Sequence[Sequence[Any]]:
+    """Run ``statement`` with ``parameters`` on ``connection``: the rows it returns."""
+    sync = connection.sync_connection
+    raw = None if sync is None else _in_place(sync)
+    if sync is None or raw is None:
+        result = await connection.execute(statement, dict(parameters))
+        return result.all() if result.returns_rows else []
+    compiled = _compiled_for(statement, frozenset(parameters), sync)
+    return _run(sync, raw, compiled.sql, _bound(compiled, parameters), many=False)
+
+
+async def execute_many(
+    connection: AsyncConnection, statement: Any, rows: Sequence[Mapping[str, Any]]
+) -> None:
+    """Run ``statement`` (no RETURNING) once for each of ``rows``, which have the same keys."""
+    sync = connection.sync_connection
+    raw = None if sync is None else _in_place(sync)
+    if sync is None or raw is None:
+        await connection.execute(statement, [dict(row) for row in rows])
+        return
+    if not rows:
+        return
+    compiled = _compiled_for(statement, frozenset(rows[0]), sync)
+    _run(sync, raw, compiled.sql, [_bound(compiled, row) for row in rows], many=True)

@@ -33,6 +33,7 @@ from sqlalchemy import bindparam, insert, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from bot.errors import USER_MESSAGES, ErrorClass
+from bot.storage import in_place
 from bot.storage.known_paths import KnownPaths
 from bot.storage.models import Conversation, Message, Turn, TurnStatus, none_of, table_of
 from bot.storage.text import storable
@@ -325,25 +326,26 @@ class TurnEndings:
             # before it: the write lock (SQLite) is held one round trip less.
             final = {f"final_{name}": value for name, value in final_columns(end).items()}
             connection = await session.connection()
-            returned = (await connection.execute(_FINISH, {"turn_id": turn_id, **final})).first()
-            if returned is None:
+            returned = await in_place.execute(connection, _FINISH, {"turn_id": turn_id, **final})
+            if not returned:
                 ended = await session.get(Turn, turn_id)
                 if ended is None:
                     return TurnEnd.failed(ErrorClass.CANCELLED, "deleted while running")
                 return end_of_row(ended)
-            row = FinishedTurn(*returned)
+            row = FinishedTurn(*returned[0])
             adds_history = end.status == TurnStatus.DONE and bool(history)
             if adds_history:
                 # Core statements on the session's connection: one executemany for every
                 # entry (the ORM would send one per row), and no ORM execution around them.
-                await connection.execute(_INSERT_ENTRIES, _entry_rows(history))
+                await in_place.execute_many(connection, _INSERT_ENTRIES, _entry_rows(history))
             if charge is not None:
                 await charge(session, row)
             if adds_history:
                 # The turn's reply becomes the active branch's end (``Message``). Last: the
                 # conversation's row stays locked until the commit, and the conversation's
                 # next accept (its turn number) waits for it.
-                await connection.execute(
+                await in_place.execute(
+                    connection,
                     _MOVE_HEAD,
                     {"conversation_id": row.conversation_id, "new_head_seq": history[-1].seq},
                 )

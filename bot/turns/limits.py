@@ -399,8 +399,10 @@ class FairUse:
         metric = TOKEN_METRICS[next(self._charges) % TOKEN_SHARDS]
         connection = await session.connection()  # not through the ORM, as in ``standing``
         for subject in subjects:
-            await connection.execute(
-                statement, {"subject": subject, "metric": metric, "window": day, "amount": tokens}
+            await in_place.execute(
+                connection,
+                statement,
+                {"subject": subject, "metric": metric, "window": day, "amount": tokens},
             )
 
     async def charge_turn(self, session: AsyncSession, turn: FinishedTurn) -> None:
