@@ -208,9 +208,9 @@ class Turn(Base):
     )
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
-    conversation_id: Mapped[str] = mapped_column(
-        ForeignKey("conversations.id", ondelete="CASCADE"), index=True
-    )
+    # No index of its own: the unique (conversation_id, seq) one leads with it
+    # (migrations 0010 and 0011).
+    conversation_id: Mapped[str] = mapped_column(ForeignKey("conversations.id", ondelete="CASCADE"))
     seq: Mapped[int] = mapped_column(Integer)
     channel: Mapped[str] = mapped_column(String(200))
     reply_to: Mapped[dict[str, Any]] = mapped_column(default=dict)
