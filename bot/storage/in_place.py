@@ -8,10 +8,11 @@ SQLAlchemy's own compiler and type processors, and then hands SQL and values str
 sqlite3: the same SQL and the same stored values as SQLAlchemy's execution would send.
 
 Anywhere else (PostgreSQL, or a transaction that had to wait for another process's write
-lock on aiosqlite's thread) it is SQLAlchemy's ``execute``. Only for statements whose
-columns come back as the driver gives them (text, numbers, NULL) and that ask for no
-Python-side default: compiling anything else raises, rather than store or return something
-SQLAlchemy would not.
+lock on aiosqlite's thread) it is SQLAlchemy's ``execute``. Only for statements built once
+(each is compiled per object), whose columns come back as the driver gives them (text,
+numbers, NULL), and whose columns' Python-side defaults are values or functions of no
+arguments: compiling anything else raises, rather than store or return something SQLAlchemy
+would not (``bench/accept.py`` and ``bench/final_write.py`` time the statements that use it).
 
 What listens to the engine's ``before_cursor_execute`` / ``after_cursor_execute``
 (instrumentation, tests' injected faults) hears these statements too, with no execution
