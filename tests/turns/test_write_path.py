@@ -64,6 +64,22 @@ async def final_kind(client: TestClient[Any, Any], key: str, turn_id: str) -> st
     return events[-1].kind
 
 
+async def messages_counted(db_url: str) -> dict[str, int]:
+    """Each fair-use subject's messages counted in its current minute."""
+    engine = create_engine(db_url)
+    try:
+        async with engine.connect() as connection:
+            rows = await connection.execute(
+                text(
+                    "SELECT subject, value FROM usage_counters"
+                    " WHERE metric = 'messages_per_minute'"
+                )
+            )
+            return {subject: int(value) for subject, value in rows}
+    finally:
+        await engine.dispose()
+
+
 async def answered(client: TestClient[Any, Any], key: str, message_id: str) -> None:
     """Send a message, read its turn to the end (done) and wait until the worker is idle."""
     accepted = await send(client, key, message_id)
@@ -71,8 +87,20 @@ async def answered(client: TestClient[Any, Any], key: str, message_id: str) -> N
     await client.app[TURNS].wait_idle(30)
 
 
-async def test_an_accept_refused_at_its_turn_number_stores_nothing_and_numbers_stay_gapless(
-    db_url: str, make_client: MakeClient, faults: list[WriteFaults]
+# Each statement of an accept, in its order on SQLite; on PostgreSQL a conversation's later
+# messages are one statement holding them all (each pattern fails that one).
+ACCEPT_STATEMENTS = {
+    "turn_number": TURN_SLOT,
+    "fair_use_standing": r"FROM limit_overrides",
+    "fair_use_take": r"INSERT INTO usage_counters",
+    "turn": r"INSERT INTO turns",
+    "inbound_event": r"INSERT INTO inbound_events",
+}
+
+
+@pytest.mark.parametrize("failing", ACCEPT_STATEMENTS)
+async def test_an_accept_refused_at_any_of_its_statements_stores_nothing_and_numbers_stay_gapless(
+    db_url: str, make_client: MakeClient, faults: list[WriteFaults], failing: str
 ) -> None:
     client = await make_client(db_url)
     key = await issue_key(db_url)
@@ -82,12 +110,15 @@ async def test_an_accept_refused_at_its_turn_number_stores_nothing_and_numbers_s
     assert first.status == 202
     assert await final_kind(client, key, (await first.json())["turn_id"]) == "done"
 
-    fault.fail(TURN_SLOT, times=1)
+    taken = await messages_counted(db_url)
+    assert taken and set(taken.values()) == {1}
+    fault.fail(ACCEPT_STATEMENTS[failing], times=1)
     refused = await send(client, key, "m2")
     assert refused.status == 503
     assert fault.raised == 1
     counts = await count_rows(db_url)
     assert (counts["turns"], counts["inbound_events"], counts["conversations"]) == (1, 1, 1)
+    assert await messages_counted(db_url) == taken  # fair use's take rolled back with the rest
 
     retried = await send(client, key, "m2")
     assert retried.status == 202
