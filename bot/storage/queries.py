@@ -698,8 +698,22 @@ async def load_history(
     if at is None:
         at = head.head_seq
     if at is None or at < 0:
-        return History([], [], head.next_seq, persona=head.persona, owner=head.owner)
-    path = await _read_path(session, conversation_id, at, known)
+        return _history(None, head)
+    return _history(await _read_path(session, conversation_id, at, known), head)
+
+
+def known_history(
+    conversation_id: str, head: ConversationHead, known: KnownPaths
+) -> History | None:
+    """``load_history`` at ``head`` when it would read nothing: no history yet, or the path
+    to the head known here. None: it must be read (no session is opened before that)."""
+    if head.head_seq is None or head.head_seq < 0:
+        return _history(None, head)
+    path = known.get(conversation_id)
+    return _history(path, head) if path is not None and path.head_seq == head.head_seq else None
+
+
+def _history(path: KnownPath | None, head: ConversationHead) -> History:
     if path is None:
         return History([], [], head.next_seq, persona=head.persona, owner=head.owner)
     return History(

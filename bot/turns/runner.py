@@ -21,7 +21,13 @@ from bot.engine.base import GenerationChunk, GenerationRequest, InferenceEngine
 from bot.errors import BotError, ContextOverflow, ErrorClass
 from bot.storage.known_paths import KnownPaths
 from bot.storage.models import Message, Turn, TurnStatus, new_id, utcnow
-from bot.storage.queries import ConversationHead, History, as_utc, load_history
+from bot.storage.queries import (
+    ConversationHead,
+    History,
+    as_utc,
+    known_history,
+    load_history,
+)
 from bot.storage.text import storable
 from bot.storage.tokens import pack_token_ids
 from bot.turns.cancellation import Cancellations
@@ -259,17 +265,25 @@ class TurnRunner:
         with clock.measure("deliver"):
             await sink.start()
         with clock.measure("history"):
-            async with self._read_sessions() as session:
-                # An edit or a regeneration names where it forks off the tree; else the head.
-                # A turn begun at its accept has its conversation's head from there: with
-                # its path known (the conversation's last turn ran here), nothing is read.
-                history = await load_history(
-                    session,
-                    turn.conversation_id,
-                    at=turn.parent_seq,
-                    known=self._known_paths,
-                    head=head,
-                )
+            # A turn begun at its accept has its conversation's head from there: with its
+            # path known (the conversation's last turn ran here), nothing is read, and no
+            # session opened. An edit or a regeneration names where it forks off the tree.
+            known = (
+                known_history(turn.conversation_id, head, self._known_paths)
+                if head is not None and turn.parent_seq is None
+                else None
+            )
+            if known is not None:
+                history = known
+            else:
+                async with self._read_sessions() as session:
+                    history = await load_history(
+                        session,
+                        turn.conversation_id,
+                        at=turn.parent_seq,
+                        known=self._known_paths,
+                        head=head,
+                    )
         cache_salt = self.policy.cache_salt(history.owner)
         persona = self._personas.choice(history.persona, self._chat_format)
         progress.cache_salt = cache_salt
