@@ -71,8 +71,7 @@ async def messages_counted(db_url: str) -> dict[str, int]:
         async with engine.connect() as connection:
             rows = await connection.execute(
                 text(
-                    "SELECT subject, value FROM usage_counters"
-                    " WHERE metric = 'messages_per_minute'"
+                    "SELECT subject, value FROM usage_counters WHERE metric = 'messages_per_minute'"
                 )
             )
             return {subject: int(value) for subject, value in rows}
