@@ -59,6 +59,16 @@ def a_turn(conversation_id: str, seq: int) -> dict[str, Any]:
     }
 
 
+def an_event(conversation_id: str, event_id: str, turn_id: str) -> dict[str, Any]:
+    """An inbound event's columns but ``received_at`` (its model's default)."""
+    return {
+        "channel": "api",
+        "event_id": event_id,
+        "conversation_id": conversation_id,
+        "turn_id": turn_id,
+    }
+
+
 def heard(engine: AsyncEngine) -> list[tuple[str, Any]]:
     """Every statement the engine's listeners hear, with its execution context."""
     statements: list[tuple[str, Any]] = []
@@ -82,17 +92,10 @@ async def test_an_insert_in_place_stores_what_sqlalchemys_execution_stores(
             # The event's ``received_at`` and the turn's ``attempt``: the models' defaults.
             await in_place.execute(connection, INSERT_TURN, ours)
             await in_place.execute(
-                connection,
-                INSERT_EVENT,
-                {"channel": "api", "event_id": "e1", "conversation_id": conversation_id,
-                 "turn_id": ours["id"]},
-            )  # fmt: skip
+                connection, INSERT_EVENT, an_event(conversation_id, "e1", ours["id"])
+            )
             await connection.execute(INSERT_TURN, theirs)
-            await connection.execute(
-                INSERT_EVENT,
-                {"channel": "api", "event_id": "e2", "conversation_id": conversation_id,
-                 "turn_id": theirs["id"]},
-            )  # fmt: skip
+            await connection.execute(INSERT_EVENT, an_event(conversation_id, "e2", theirs["id"]))
         # The first two ran in place (no execution context), the same SQL as SQLAlchemy's.
         assert [context is None for _, context in statements] == [True, True, False, False]
         assert statements[0][0] == statements[2][0]
@@ -198,11 +201,8 @@ async def test_a_listener_that_refuses_a_statement_in_place_rolls_its_transactio
         async with engine.begin() as connection:
             await in_place.execute(connection, INSERT_TURN, turn)
             await in_place.execute(
-                connection,
-                INSERT_EVENT,
-                {"channel": "api", "event_id": "e", "conversation_id": conversation_id,
-                 "turn_id": turn["id"]},
-            )  # fmt: skip
+                connection, INSERT_EVENT, an_event(conversation_id, "e", turn["id"])
+            )
     event.remove(engine.sync_engine, "before_cursor_execute", refuse)
     async with engine.connect() as connection:
         assert (await connection.execute(select(TURNS.c.id))).all() == []
