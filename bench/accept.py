@@ -33,9 +33,11 @@ from pathlib import Path
 
 from harness import add_database_servers, scratch_database
 from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from bot.config import load_settings
 from bot.storage.db import create_engine, create_sessionmaker, is_sqlite
+from bot.storage.kept import kept_for_accepts
 from bot.turns.inbound import InboundMessage
 from bot.turns.limits import TOKEN_METRICS, FairUse
 from bot.turns.service import TurnService
@@ -136,12 +138,27 @@ async def timed(n: int, one: Callable[[int], Awaitable[None]]) -> tuple[float, f
     return (time.perf_counter() - wall) / n * 1000, (time.process_time() - cpu) / n * 1000
 
 
-async def service_accepts(
-    url: str, n: int, *, fair_use: bool, first: bool = False
-) -> tuple[float, float]:
-    engine = create_engine(url)
+def accepting_service(engine: AsyncEngine, *, kept: bool = True) -> TurnService:
+    """A ``TurnService`` that accepts as the app's does (its connection kept on SQLite,
+    ``bot.storage.kept``, unless not ``kept``) and runs nothing."""
     service = TurnService(create_sessionmaker(engine), TurnStreams())
     service.schedule = lambda conversation_id: None  # type: ignore[method-assign]  # no engine
+    if kept:
+        service.kept_accepts = kept_for_accepts(engine)
+    return service
+
+
+async def disposed(engine: AsyncEngine, service: TurnService) -> None:
+    if service.kept_accepts is not None:
+        await service.kept_accepts.close()
+    await engine.dispose()
+
+
+async def service_accepts(
+    url: str, n: int, *, fair_use: bool, first: bool = False, kept: bool = True
+) -> tuple[float, float]:
+    engine = create_engine(url)
+    service = accepting_service(engine, kept=kept)
     if fair_use:
         service.fair_use = FairUse(load_settings(None).limits)
     run = uuid.uuid4().hex[:8]
@@ -155,7 +172,7 @@ async def service_accepts(
     try:
         return await timed(n, one)
     finally:
-        await engine.dispose()
+        await disposed(engine, service)
 
 
 async def cold_accepts(
@@ -169,8 +186,7 @@ async def cold_accepts(
     walls, cpus = [], []
     for _ in range(engines):
         engine = create_engine(url)
-        service = TurnService(create_sessionmaker(engine), TurnStreams())
-        service.schedule = lambda conversation_id: None  # type: ignore[method-assign]
+        service = accepting_service(engine)
         service.fair_use = FairUse(load_settings(None).limits)
         if rehearsed:
             await service.rehearse(rehearsal_message())
@@ -178,7 +194,7 @@ async def cold_accepts(
         await service.accept(message(uuid.uuid4().hex[:8], 0, first=True))
         walls.append((time.perf_counter() - wall) * 1000)
         cpus.append((time.process_time() - cpu) * 1000)
-        await engine.dispose()
+        await disposed(engine, service)
     return statistics.median(walls), statistics.median(cpus)
 
 
@@ -295,6 +311,10 @@ async def measure(url: str, n: int) -> list[tuple[str, tuple[float, float]]]:
     """Per line: what was timed, (wall ms, CPU ms) per accept."""
     rows = [
         ("accept, default fair-use limits", await service_accepts(url, n, fair_use=True)),
+        (
+            "  the same, a pooled connection each",
+            await service_accepts(url, n, fair_use=True, kept=False),
+        ),
         ("accept, no limits", await service_accepts(url, n, fair_use=False)),
         (
             "accept, a conversation's first message",

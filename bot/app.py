@@ -44,6 +44,7 @@ from bot.storage.db import (
     create_sessionmaker,
     watch_answers,
 )
+from bot.storage.kept import kept_for_accepts
 from bot.turns.chat_format import ChatFormat, ChatFormatSource, load_tokenizer
 from bot.turns.claims import build_claims
 from bot.turns.limits import FairUse
@@ -104,6 +105,7 @@ async def create_app(
     app[ENGINE] = inference
     turns = TurnService(sessions, TurnStreams(), turn_sessions=turn_sessions)
     app[TURNS] = turns
+    turns.kept_accepts = kept_for_accepts(engines.requests)
     turns.claims = build_claims(settings.workers, settings.database.url, turn_sessions)
     turns.runs_turns = settings.workers.run_turns
     # An ingress-only process never generates: it starts no engine (nor frees one).
@@ -182,6 +184,8 @@ async def create_app(
         await asyncio.gather(key_checks, return_exceptions=True)
         # ops.drain (on_shutdown) has drained the turns already; this is a no-op then.
         await turns.shutdown(settings.server.shutdown_grace_s)
+        if turns.kept_accepts is not None:
+            await turns.kept_accepts.close()  # checked out: back to the pool before it goes
         if policy.compactor is not None:
             await policy.compactor.close()  # background preparations, before the engine goes
         log.info("service_stopping")

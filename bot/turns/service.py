@@ -11,12 +11,13 @@ running and begun at once.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import hashlib
 import json
 import time
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -27,6 +28,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_sessionm
 
 from bot.errors import ErrorClass
 from bot.storage import queries
+from bot.storage.kept import KeptConnection
 from bot.storage.models import InboundEvent, Turn, TurnStatus, new_id, utcnow
 from bot.storage.text import storable, storable_or_none
 from bot.turns import wakeups
@@ -168,6 +170,9 @@ class TurnService:
         # Deliveries answered with an apology instead of a turn: a platform's redelivery
         # of one of them (nothing was stored to deduplicate it by) is not answered again.
         self._declined: OrderedDict[tuple[str, str], None] = OrderedDict()
+        self.kept_accepts: KeptConnection | None = None
+        """SQLite: the connection the accepts' transactions run on, one after another
+        (``bot.storage.kept``); the app sets it, and closes it before its engines go."""
 
     # -- wiring ------------------------------------------------------------------------
 
@@ -244,18 +249,15 @@ class TurnService:
             slot, absent = await self._place_at_once(message, row, announce_channel)
             if slot is not None:
                 return slot
-            async with self._sessions() as session, session.begin():
+            async with self._accept_transaction(announce_channel) as (session, connection):
                 # A conversation the statement just found absent is created below (or,
                 # created meanwhile, found there): not looked for a second time here.
                 # SQLite has no one-statement placement (``queries.place_turn``).
                 placed = (
                     await _place_turn(session, message, row, announce_channel)
-                    if self._places_at_once and not absent
+                    if session is not None and self._places_at_once and not absent
                     else None
                 )
-                # The transaction's one connection, asked for once: each ask costs the
-                # session's bookkeeping, and the statements below run on it directly.
-                connection = await session.connection()
                 if placed is not None:
                     slot = placed.slot
                     if not placed.stored:
@@ -282,7 +284,7 @@ class TurnService:
                     connection, row, channel=message.channel, event_id=message.event_id
                 )
                 if announce_channel is not None:
-                    await wakeups.announce(session, slot.conversation_id)
+                    await wakeups.announce(connection, slot.conversation_id)
                 if rehearsal:
                     raise Rehearsed
             if begun is not None:
@@ -295,6 +297,24 @@ class TurnService:
             if begun is not None and not begun.done():
                 # Rolled back: nothing to run; the worker only looks for queued work.
                 begun.set_result(None)
+
+    @contextlib.asynccontextmanager
+    async def _accept_transaction(
+        self, announce_channel: str | None
+    ) -> AsyncIterator[tuple[AsyncSession | None, AsyncConnection]]:
+        """The accept's transaction and its one connection (asked for once: each ask costs
+        the session's bookkeeping, and the accept's statements run on it directly).
+
+        On SQLite, the connection kept for the accepts (``bot.storage.kept``) and no
+        session; elsewhere a session's. (An ingress-only process announces its turns
+        in the transaction, on PostgreSQL: with a session.)
+        """
+        if self.kept_accepts is not None and announce_channel is None:
+            async with self.kept_accepts.begin() as connection:
+                yield None, connection
+            return
+        async with self._sessions() as session, session.begin():
+            yield session, await session.connection()
 
     async def rehearse(self, message: InboundMessage) -> None:
         """Run an accept's statements for ``message`` and store nothing.

@@ -22,7 +22,7 @@ from typing import Any
 
 import structlog
 from sqlalchemy import func, select
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 
 from bot.storage.db import create_probe_engine
 from bot.turns.cancellation import stop_requested
@@ -33,7 +33,7 @@ CHANNEL = "bot_turn_accepted"
 """PostgreSQL's notification channel; the payload is the conversation id."""
 
 
-async def announce(session: AsyncSession, conversation_id: str) -> None:
+async def announce(session: AsyncSession | AsyncConnection, conversation_id: str) -> None:
     """Wake the workers for ``conversation_id`` when ``session``'s transaction commits."""
     await session.execute(select(func.pg_notify(CHANNEL, conversation_id)))
 
