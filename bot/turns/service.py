@@ -249,7 +249,7 @@ class TurnService:
             slot, absent = await self._place_at_once(message, row, announce_channel)
             if slot is not None:
                 return slot
-            async with self._accept_transaction(announce_channel) as (session, connection):
+            async with self._accept_transaction() as (session, connection):
                 # A conversation the statement just found absent is created below (or,
                 # created meanwhile, found there): not looked for a second time here.
                 # SQLite has no one-statement placement (``queries.place_turn``).
@@ -300,16 +300,15 @@ class TurnService:
 
     @contextlib.asynccontextmanager
     async def _accept_transaction(
-        self, announce_channel: str | None
+        self,
     ) -> AsyncIterator[tuple[AsyncSession | None, AsyncConnection]]:
         """The accept's transaction and its one connection (asked for once: each ask costs
         the session's bookkeeping, and the accept's statements run on it directly).
 
         On SQLite, the connection kept for the accepts (``bot.storage.kept``) and no
-        session; elsewhere a session's. (An ingress-only process announces its turns
-        in the transaction, on PostgreSQL: with a session.)
+        session; on PostgreSQL a session's, for ``queries.place_turn``.
         """
-        if self.kept_accepts is not None and announce_channel is None:
+        if self.kept_accepts is not None:
             async with self.kept_accepts.begin() as connection:
                 yield None, connection
             return
