@@ -342,10 +342,11 @@ def _ping_on_checkout(dbapi_connection: Any, record: Any, _proxy: Any) -> None:
     (SQLAlchemy's choice for pgbouncer's transaction mode, its issue 10226): three
     trips on every checkout, each a wait for the database server and for the event
     loop on a busy machine (an accept's trips: docs/scaling.md). Here it is the ";"
-    alone. As with the pre-ping, a
-    connection opened for this very checkout is not pinged, and a failed ping
-    discards every pooled connection older than now (they most likely share the
-    restart) and the pool checks out a new one.
+    alone. As with the pre-ping, a connection opened for this very checkout is not
+    pinged, and a failed ping discards every pooled connection older than now (they
+    most likely share the restart) and the pool checks out a new one. Nor is one
+    checked in during the last ``RECENTLY_USED_S`` for a caller that makes its call
+    again should the connection be cut (``retried_if_cut``: the accept's statement).
     """
     if record.info.pop(_FRESH, False):
         return
