@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
-import sqlalchemy.exc
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import func, select, text
@@ -15,12 +13,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from bot.storage import queries
-from bot.storage.db import (
-    create_engine,
-    create_read_sessionmaker,
-    create_sessionmaker,
-    retried_if_cut,
-)
+from bot.storage.db import create_engine, create_read_sessionmaker, create_sessionmaker
 from bot.storage.migrate import downgrade, upgrade
 from bot.storage.models import Base, Conversation, Turn
 from bot.storage.tokens import pack_token_ids, unpack_token_ids
@@ -128,77 +121,6 @@ async def test_a_connection_the_server_cut_is_replaced_at_checkout(pg_url: str) 
         await asyncio.sleep(0.2)  # the cut reaches the client side
         async with create_sessionmaker(engine)() as session:
             assert await session.scalar(select(func.count()).select_from(Turn)) == 0
-    finally:
-        await engine.dispose()
-
-
-async def _pings_of(engine: AsyncEngine, call: Callable[[], Awaitable[Any]]) -> int:
-    """How many pings (";") ``call`` sends on the connection the pool holds."""
-    async with engine.connect() as connection:
-        raw = await connection.get_raw_connection()
-        driver = raw.driver_connection
-        assert driver is not None
-    sent: list[str] = []
-
-    def log(record: Any) -> None:
-        sent.append(record.query)
-
-    driver.add_query_logger(log)
-    try:
-        await call()
-        await asyncio.sleep(0)  # asyncpg hands its log records to the loop
-    finally:
-        driver.remove_query_logger(log)
-    return sent.count(";")
-
-
-@pytest.mark.postgres
-async def test_a_call_retried_if_cut_skips_the_ping_of_a_connection_used_moments_ago(
-    pg_url: str,
-) -> None:
-    engine = create_engine(pg_url)
-    sessions = create_sessionmaker(engine)
-
-    async def count() -> int | None:
-        async with sessions() as session:
-            return await session.scalar(select(func.count()).select_from(Turn))
-
-    try:
-        assert await _pings_of(engine, count) == 1
-        assert await _pings_of(engine, lambda: retried_if_cut(count)) == 0
-    finally:
-        await engine.dispose()
-
-
-@pytest.mark.postgres
-async def test_a_call_whose_connection_was_cut_runs_once_more_pinged(pg_url: str) -> None:
-    engine = create_engine(pg_url)
-    sessions = create_sessionmaker(engine)
-    calls = 0
-
-    async def count() -> int | None:
-        nonlocal calls
-        calls += 1
-        async with sessions() as session:
-            return await session.scalar(select(func.count()).select_from(Turn))
-
-    async def wrong() -> None:
-        nonlocal calls
-        calls += 1
-        async with sessions() as session:
-            await session.execute(text("SELECT * FROM no_such_table"))
-
-    try:
-        assert await count() == 0  # the pool holds its connection, used just now
-        assert await terminate_backends(pg_url, "true") == 1
-        await asyncio.sleep(0.2)  # the cut reaches the client side
-        calls = 0
-        assert await retried_if_cut(count) == 0
-        assert calls == 2
-        calls = 0
-        with pytest.raises(sqlalchemy.exc.ProgrammingError):
-            await retried_if_cut(wrong)  # an error of the statement's own: not again
-        assert calls == 1
     finally:
         await engine.dispose()
 

@@ -4,13 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
-import time
 import weakref
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import sqlalchemy.exc
 from sqlalchemy import event
@@ -287,50 +284,15 @@ def _checked_at_checkout(engine: AsyncEngine) -> AsyncEngine:
     """``engine`` (PostgreSQL) with every pooled connection pinged as it is checked out."""
     event.listen(engine.sync_engine, "connect", _on_server_connect)
     event.listen(engine.sync_engine.pool, "checkout", _ping_on_checkout)
-    event.listen(engine.sync_engine.pool, "checkin", _on_server_checkin)
     return engine
 
 
 _FRESH = "bot_fresh"
 """Key in a pooled connection's ``info``: opened for this checkout, nothing to ping yet."""
-_RETURNED_AT = "bot_returned_at"
-"""Key in a pooled connection's ``info``: when it was last checked in (monotonic seconds)."""
-RECENTLY_USED_S = 5.0
-"""A connection checked in this recently is not pinged for ``retried_if_cut``'s calls."""
-_T = TypeVar("_T")
-_PING_SKIPPED: contextvars.ContextVar[bool] = contextvars.ContextVar(
-    "bot_ping_skipped", default=False
-)
 
 
 def _on_server_connect(_dbapi_connection: Any, record: Any) -> None:
     record.info[_FRESH] = True
-
-
-def _on_server_checkin(_dbapi_connection: Any, record: Any) -> None:
-    record.info[_RETURNED_AT] = time.monotonic()
-
-
-async def retried_if_cut(call: Callable[[], Awaitable[_T]]) -> _T:
-    """``call()`` without the checkout's ping of a connection used in the last
-    ``RECENTLY_USED_S``; called once more, pinged, if its connection was cut after all.
-
-    The ping costs a round trip before the statement, and an accept on PostgreSQL is
-    that and one statement (``TurnService._place_at_once``): each round trip is a wait
-    for a busy event loop while the ack waits. Only for a ``call`` that is safe to make
-    again when its connection is cut, which may be after its statement ran: one
-    statement outside a transaction whose second run stores nothing twice (an accept's
-    is refused by the inbound event's unique key, and is then found as a duplicate).
-    """
-    skipped = _PING_SKIPPED.set(True)
-    try:
-        return await call()
-    except sqlalchemy.exc.DBAPIError as exc:
-        if not exc.connection_invalidated:
-            raise
-    finally:
-        _PING_SKIPPED.reset(skipped)
-    return await call()
 
 
 def _ping_on_checkout(dbapi_connection: Any, record: Any, _proxy: Any) -> None:
@@ -342,21 +304,13 @@ def _ping_on_checkout(dbapi_connection: Any, record: Any, _proxy: Any) -> None:
     (SQLAlchemy's choice for pgbouncer's transaction mode, its issue 10226): three
     trips on every checkout, each a wait for the database server and for the event
     loop on a busy machine (an accept's trips: docs/scaling.md). Here it is the ";"
-    alone. As with the pre-ping, a connection opened for this very checkout is not
-    pinged, and a failed ping discards every pooled connection older than now (they
-    most likely share the restart) and the pool checks out a new one. Nor is one
-    checked in during the last ``RECENTLY_USED_S`` for a caller that makes its call
-    again should the connection be cut (``retried_if_cut``: the accept's statement).
+    alone. As with the pre-ping, a
+    connection opened for this very checkout is not pinged, and a failed ping
+    discards every pooled connection older than now (they most likely share the
+    restart) and the pool checks out a new one.
     """
     if record.info.pop(_FRESH, False):
         return
-    returned_at = record.info.get(_RETURNED_AT)
-    if (
-        _PING_SKIPPED.get()
-        and returned_at is not None
-        and time.monotonic() - returned_at < RECENTLY_USED_S
-    ):
-        return  # its caller tries again if the connection turns out cut (retried_if_cut)
     try:
         dbapi_connection.run_async(lambda connection: connection.fetchrow(";"))
     except Exception as exc:

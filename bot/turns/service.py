@@ -28,7 +28,6 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_sessionm
 
 from bot.errors import ErrorClass
 from bot.storage import queries
-from bot.storage.db import retried_if_cut
 from bot.storage.kept import KeptConnection
 from bot.storage.models import InboundEvent, Turn, TurnStatus, new_id, utcnow
 from bot.storage.text import storable, storable_or_none
@@ -350,10 +349,9 @@ class TurnService:
     ) -> tuple[queries.TurnSlot | None, bool]:
         """PostgreSQL: store the message's turn with one statement and no transaction.
 
-        ``place_turn`` all or nothing, fair use's admission inside it: one round trip
-        (a connection used in the last seconds is not pinged first, ``retried_if_cut``)
-        where the transaction takes five (the ping, BEGIN, fair use's statement, the
-        turn's, COMMIT). Under load every trip is a wait for
+        ``place_turn`` all or nothing, fair use's admission inside it: the checkout's
+        ping and the statement, two round trips where the transaction takes five (BEGIN,
+        fair use's statement, the turn's, COMMIT). Under load every trip is a wait for
         the event loop while the accept holds a pooled connection (README, sixteenth
         session). Returns the slot, or None when it does not apply (SQLite, several
         subjects to count against) or stored nothing: the key's first message, a refusal,
@@ -368,11 +366,10 @@ class TurnService:
             admission = self.fair_use.admission(_limit_subjects(message))
             if admission is None:
                 return None, False
-
-        async def place() -> queries.PlacedTurn | None:
+        try:
             async with self._sessions() as session:
                 await session.connection(execution_options={"isolation_level": "AUTOCOMMIT"})
-                return await _place_turn(
+                placed = await _place_turn(
                     session,
                     message,
                     row,
@@ -380,11 +377,6 @@ class TurnService:
                     admission=admission,
                     all_or_nothing=True,
                 )
-
-        try:
-            # No ping first for a connection in use moments ago: the statement is the
-            # ack's one round trip, and it is placed again should the connection be cut.
-            placed = await retried_if_cut(place)
         except DBAPIError as exc:
             if getattr(exc.orig, "sqlstate", None) != DIVISION_BY_ZERO:
                 raise

@@ -43,7 +43,6 @@ from tests.helpers import (
     load_turns,
     read_sse,
     recorded_statements,
-    terminate_backends,
 )
 from tests.turns.conftest import WriteFaults
 
@@ -566,26 +565,3 @@ async def test_a_final_write_moves_its_conversations_head_last(
     head_move = next(i for i, s in enumerate(final_write) if s.startswith("UPDATE conversations"))
     assert any(s.startswith("INSERT INTO usage_counters") for s in final_write[:head_move])
     assert not any(re.match(r"(INSERT|UPDATE|DELETE) ", s) for s in final_write[head_move + 1 :])
-
-
-async def test_an_accept_whose_connection_the_server_cut_is_placed_again_once(
-    pg_url: str, make_client: MakeClient
-) -> None:
-    """The accept's one statement goes without the checkout's ping when its connection was
-    used moments ago; cut by the server meanwhile (a restart), the message is placed again
-    on a new connection: acknowledged, stored once, answered once."""
-    client = await make_client(pg_url)
-    key = await issue_key(pg_url)
-    await answered(client, key, "m0")
-    assert await terminate_backends(pg_url, "true") >= 1
-    await asyncio.sleep(0.05)  # the cut reaches the client side
-
-    accepted = await send(client, key, "m1")
-    assert accepted.status == 202
-    body = await accepted.json()
-    assert body["duplicate"] is False
-    assert await final_kind(client, key, body["turn_id"]) == "done"
-    turns = await load_turns(pg_url)
-    assert [(t.seq, t.status) for t in turns] == [(0, TurnStatus.DONE), (1, TurnStatus.DONE)]
-    counts = await count_rows(pg_url)
-    assert (counts["turns"], counts["inbound_events"]) == (2, 2)
