@@ -35,6 +35,20 @@ A_ROW = text(
 """Any row will do: a fair-use override's."""
 
 
+@pytest.fixture
+async def kept(sqlite_engine: AsyncEngine) -> AsyncIterator[KeptConnection]:
+    kept = kept_for_accepts(sqlite_engine)
+    assert kept is not None
+    yield kept
+    await kept.close()  # again if the test did: nothing left checked out either way
+
+
+def checked_out(engine: AsyncEngine) -> int:
+    """How many of the pool's connections are checked out now."""
+    count: int = engine.sync_engine.pool.checkedout()  # type: ignore[attr-defined]
+    return count
+
+
 def checkouts(engine: AsyncEngine) -> Callable[[], int]:
     """How many times the pool has handed a connection out since this call."""
     count = 0
@@ -62,10 +76,8 @@ async def stored(engine: AsyncEngine) -> list[str]:
 
 
 async def test_its_transactions_run_on_one_connection_kept_between_them(
-    sqlite_engine: AsyncEngine,
+    sqlite_engine: AsyncEngine, kept: KeptConnection
 ) -> None:
-    kept = kept_for_accepts(sqlite_engine)
-    assert kept is not None
     handed_out = checkouts(sqlite_engine)
     for i in range(5):
         await store(kept, f"s{i}")
@@ -77,10 +89,8 @@ async def test_its_transactions_run_on_one_connection_kept_between_them(
 
 
 async def test_a_transaction_that_raises_is_rolled_back_and_gives_its_connection_back(
-    sqlite_engine: AsyncEngine,
+    sqlite_engine: AsyncEngine, kept: KeptConnection
 ) -> None:
-    kept = kept_for_accepts(sqlite_engine)
-    assert kept is not None
     await store(kept, "a")
     with pytest.raises(RuntimeError):
         async with kept.begin() as connection:
@@ -99,10 +109,8 @@ async def test_a_transaction_that_raises_is_rolled_back_and_gives_its_connection
 
 
 async def test_a_transaction_cancelled_while_another_holds_the_write_lock_leaves_nothing_stuck(
-    sqlite_engine: AsyncEngine,
+    sqlite_engine: AsyncEngine, kept: KeptConnection
 ) -> None:
-    kept = kept_for_accepts(sqlite_engine)
-    assert kept is not None
     await store(kept, "a")
     sessions = create_sessionmaker(sqlite_engine)
     async with sessions() as holder, holder.begin():
@@ -121,10 +129,8 @@ async def test_a_transaction_cancelled_while_another_holds_the_write_lock_leaves
 
 
 async def test_after_close_each_transaction_takes_a_pooled_connection_and_gives_it_back(
-    sqlite_engine: AsyncEngine,
+    sqlite_engine: AsyncEngine, kept: KeptConnection
 ) -> None:
-    kept = kept_for_accepts(sqlite_engine)
-    assert kept is not None
     await store(kept, "a")
     await kept.close()
     await store(kept, "b")
@@ -132,7 +138,7 @@ async def test_after_close_each_transaction_takes_a_pooled_connection_and_gives_
     assert await stored(sqlite_engine) == ["a", "b"]
 
 
-async def test_only_a_sqlite_file_keeps_one(tmp_path: Path, db_url: str) -> None:
+async def test_only_a_sqlite_file_keeps_one(db_url: str) -> None:
     memory = create_engine("sqlite+aiosqlite://")
     engine = create_engine(db_url)
     try:
