@@ -22,11 +22,12 @@ for that loop and show in the ack, which is not what an outside client sees.
 
 Prints, per rate and channel: messages sent, ack p50/p99/max, refused (not
 acknowledged) and lost (acknowledged but without a final turn once the engine
-has drained; must be 0), the service's event-loop lag while they arrived and, for
-the loop's thread (and the ingress, client and fakes processes' main threads), the time
-on a CPU and the time runnable but waiting for one (Linux's schedstat): a late
-loop whose thread waited was not given the CPU; then the first rate whose ack p99
-passes 25 ms.
+has drained; must be 0); the same for the conversations' first messages (which
+create them, all at the start) and for the later ones; the service's event-loop
+lag while they arrived and, for the loop's thread (and the ingress, client and
+fakes processes' main threads), the time on a CPU and the time runnable but
+waiting for one (Linux's schedstat): a late loop whose thread waited was not
+given the CPU; then the first rate whose ack p99 passes 25 ms.
 
 ``--engine-server`` moves the engine out of the service's process: a real vLLM
 OpenAI server (tests/vllm_servers.py) on its own core, reached as
@@ -52,6 +53,7 @@ import argparse
 import asyncio
 import datetime as dt
 import json
+import math
 import os
 import subprocess
 import sys
@@ -356,6 +358,11 @@ async def run(args: argparse.Namespace, workdir: Path, db_url: str) -> None:
                     accepted[channel] += status in (200, 202)
                 lost = {c: accepted[c] - finals.get(c, 0) for c in channels}
                 p99 = row(rate, "all", [(ms, st) for _, ms, st in results], sum(lost.values()))
+                # Message i goes to channel i % C and conversation i % K: the first lcm(C, K)
+                # are each a conversation's first, which creates it.
+                firsts = math.lcm(len(channels), args.conversations)
+                row(rate, "firsts", [(ms, st) for _, ms, st in results[:firsts]], "")
+                row(rate, "later", [(ms, st) for _, ms, st in results[firsts:]], "")
                 if len(channels) > 1:
                     for channel in channels:
                         mine = [(ms, st) for c, ms, st in results if c == channel]
