@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
+import pytest
 from aiohttp import ClientResponse
 from sqlalchemy import event, func, select
 from sqlalchemy.engine import Engine, make_url
@@ -278,3 +279,19 @@ def recorded_statements(*sync_engines: Engine, compiled_only: bool = False) -> I
     finally:
         for sync_engine in sync_engines:
             event.remove(sync_engine, "before_cursor_execute", record)
+
+
+@contextmanager
+def plain_executes() -> Iterator[list[str]]:
+    """What asyncpg sends as plain executes while the block runs: BEGIN and COMMIT reach
+    the server that way, not as statements (``recorded_statements`` does not see them)."""
+    plain: list[str] = []
+    execute = asyncpg.Connection.execute
+
+    async def recorded(connection: asyncpg.Connection, query: str, *args: Any) -> Any:
+        plain.append(query)
+        return await execute(connection, query, *args)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(asyncpg.Connection, "execute", recorded)
+        yield plain

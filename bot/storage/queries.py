@@ -20,6 +20,7 @@ from sqlalchemy import (
     literal_column,
     or_,
     select,
+    union_all,
     update,
 )
 from sqlalchemy.dialects import postgresql, sqlite
@@ -346,6 +347,54 @@ class Admission:
     parameters: Mapping[str, Any]
 
 
+def _slot_or_new_conversation() -> Any:
+    """PostgreSQL: ``_TAKE_SLOT`` as a CTE (``id``, ``persona``, ``next_turn_seq``) that,
+    where the key has no open conversation, creates it with the first turn's number
+    taken (``next_turn_seq`` 1) and the persona asked for.
+
+    The creation's INSERT runs only where the slot's UPDATE found no row, and does nothing
+    where another request's creation of the same key got there first (the partial unique
+    index; PostgreSQL waits for that request to end): the CTE then has no row, as when
+    nothing was found before this CTE existed, and the caller's transaction settles it.
+    Parameters: ``_TAKE_SLOT``'s, ``new_conversation_id`` and ``asked_persona``.
+    """
+    found = _TAKE_SLOT.cte("slot")
+    touched = bindparam("touched_at", type_=_CONVERSATIONS.c.updated_at.type)
+    created = (
+        postgresql.insert(_CONVERSATIONS)
+        .from_select(
+            [
+                "id",
+                "owner",
+                "channel",
+                "external_key",
+                "persona",
+                "next_turn_seq",
+                "created_at",
+                "updated_at",
+            ],
+            select(
+                bindparam("new_conversation_id", type_=String),
+                bindparam("key_owner", type_=String),
+                bindparam("key_channel", type_=String),
+                bindparam("key_external", type_=String),
+                bindparam("asked_persona", type_=String),
+                literal(1, Integer),
+                touched,
+                touched,
+            ).where(~select(found.c.id).exists()),
+            include_defaults=False,
+        )
+        .on_conflict_do_nothing()
+        .returning(_CONVERSATIONS.c.id, _CONVERSATIONS.c.persona, _CONVERSATIONS.c.next_turn_seq)
+        .cte("new_conversation")
+    )
+    return union_all(
+        select(found.c.id, found.c.persona, found.c.next_turn_seq),
+        select(created.c.id, created.c.persona, created.c.next_turn_seq),
+    ).cte("slot_or_new")
+
+
 def _slot_turn_and_event(
     columns: frozenset[str],
     *,
@@ -353,10 +402,11 @@ def _slot_turn_and_event(
     admission: Callable[[Any], Any] | None = None,
     all_or_nothing: bool = False,
 ) -> Any:
-    """PostgreSQL: ``_TAKE_SLOT``, the turn's INSERT and its event's, one statement.
+    """PostgreSQL: the slot (``_slot_or_new_conversation``: the key's conversation
+    created for its first message), the turn's INSERT and its event's, one statement.
 
-    The turn's INSERT selects its conversation and number from the slot's UPDATE
-    (a data-modifying CTE), only where the conversation's persona is the one asked
+    The turn's INSERT selects its conversation and number from the slot (data-modifying
+    CTEs), only where the conversation's persona is the one asked
     for (and ``admission``'s condition holds); the event's INSERT selects from the
     turn's. With ``announce`` the event's RETURNING also calls
     ``pg_notify(:announce_channel, conversation_id)``: once, for a stored turn,
@@ -365,7 +415,7 @@ def _slot_turn_and_event(
     slot and everything else it wrote: outside a transaction the statement stores the
     turn or changes nothing.
     """
-    slot = _TAKE_SLOT.cte("slot")
+    slot = _slot_or_new_conversation()
     asked = bindparam("asked_persona", type_=String)
     condition = or_(asked.is_(None), slot.c.persona == asked)
     if admission is not None:
@@ -421,15 +471,16 @@ async def place_turn(
     admission: Admission | None = None,
     all_or_nothing: bool = False,
 ) -> PlacedTurn | None:
-    """A message's turn in its open conversation: ``take_turn_slot`` and ``insert_turn``
-    in one statement, on PostgreSQL (one round trip instead of two, and the slot's row
-    lock is taken one round trip later). ``turn``: the row's columns but its
-    conversation and number, which come from the slot.
+    """A message's turn in its open conversation, created for the key's first message:
+    ``take_turn_slot`` and ``insert_turn`` in one statement, on PostgreSQL (one round
+    trip where they take two, or four for a first message, and the slot's row lock is
+    taken one round trip later). ``turn``: the row's columns but its conversation and
+    number, which come from the slot.
 
     None where it does not apply, with nothing done: on SQLite (no round trips to
     save, and a turn there may be stored running once its conversation is known),
-    and when the key has no open conversation (its first message: the caller takes
-    the slot, creating the conversation, then inserts). A redelivery fails with
+    and when another request was creating the key's conversation at the same time
+    and got there first (the caller's ``take_turn_slot`` finds it). A redelivery fails with
     ``IntegrityError`` (channel, event_id), as in ``insert_turn``. ``announce_channel``:
     ``pg_notify`` there with the conversation's id once the turn is stored.
     ``admission``: a further condition of the turn's (fair use's). ``all_or_nothing``
@@ -454,6 +505,7 @@ async def place_turn(
         "key_external": external_key,
         "touched_at": utcnow(),
         "asked_persona": persona,
+        "new_conversation_id": new_id(),
         "event_channel": event_channel,
         "event_id": event_id,
         "received_at": utcnow(),

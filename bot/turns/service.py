@@ -246,16 +246,14 @@ class TurnService:
         announce_channel = None if self.runs_turns else wakeups.CHANNEL
         begun: asyncio.Future[BegunTurn | None] | None = None
         try:
-            slot, absent = await self._place_at_once(message, row, announce_channel)
+            slot = await self._place_at_once(message, row, announce_channel, rehearsal=rehearsal)
             if slot is not None:
                 return slot
             async with self._accept_transaction() as (session, connection):
-                # A conversation the statement just found absent is created below (or,
-                # created meanwhile, found there): not looked for a second time here.
                 # SQLite has no one-statement placement (``queries.place_turn``).
                 placed = (
                     await _place_turn(session, message, row, announce_channel)
-                    if session is not None and self._places_at_once and not absent
+                    if session is not None and self._places_at_once
                     else None
                 )
                 if placed is not None:
@@ -263,8 +261,10 @@ class TurnService:
                     if not placed.stored:
                         _refuse_other_persona(slot, message)
                     await self._admit(connection, message)
+                    if rehearsal:
+                        raise Rehearsed
                     return slot
-                # SQLite, or the key's first message: slot, then turn
+                # SQLite, or a conversation another accept was creating: slot, then turn
                 slot = await queries.take_turn_slot(
                     connection,
                     owner=message.owner,
@@ -322,9 +322,9 @@ class TurnService:
         PostgreSQL asyncpg prepares them too): a new engine's first took 13.8 ms on
         SQLite and 43.2 on PostgreSQL, after a rehearsal 3.3 and 8.0, a warm engine's
         first message 1.5 and 5.9 (``bench/accept.py``). ``message`` must be one no key can
-        send (an owner of its own): on PostgreSQL the one statement runs outside a
-        transaction and, finding no conversation, writes nothing; the rest is rolled
-        back. The rehearsed row has the columns of a real message's (an API message's).
+        send (an owner of its own): every transaction is rolled back (on PostgreSQL the
+        one statement's too, which runs outside one for a real message). The rehearsed
+        row has the columns of a real message's (an API message's).
         """
         try:
             await self._store(message, _turn_row(message), rehearsal=True)
@@ -345,29 +345,50 @@ class TurnService:
             await self.fair_use.admit(connection, _limit_subjects(message))
 
     async def _place_at_once(
-        self, message: InboundMessage, row: dict[str, Any], announce_channel: str | None
-    ) -> tuple[queries.TurnSlot | None, bool]:
+        self,
+        message: InboundMessage,
+        row: dict[str, Any],
+        announce_channel: str | None,
+        *,
+        rehearsal: bool = False,
+    ) -> queries.TurnSlot | None:
         """PostgreSQL: store the message's turn with one statement and no transaction.
 
-        ``place_turn`` all or nothing, fair use's admission inside it: the checkout's
-        ping and the statement, two round trips where the transaction takes five (BEGIN,
-        fair use's statement, the turn's, COMMIT). Under load every trip is a wait for
-        the event loop while the accept holds a pooled connection (README, sixteenth
-        session). Returns the slot, or None when it does not apply (SQLite, several
-        subjects to count against) or stored nothing: the key's first message, a refusal,
-        another persona. The transaction then tells those apart, as before this path
-        existed; the flag says it was the first (the statement ran and found the key with
-        no open conversation), which the transaction need not look for again.
+        ``place_turn`` all or nothing, fair use's admission inside it, the key's
+        conversation created for its first message: the checkout's ping and the
+        statement, two round trips where the transaction takes five (BEGIN, fair use's
+        statement, the turn's, COMMIT), or seven for a first message (the slot looked
+        for, the conversation created). Under load every trip is a wait for the event
+        loop while the accept holds a pooled connection (README, sixteenth session).
+        Returns the slot, or None when it does not apply (SQLite, several subjects to
+        count against) or stored nothing: a refusal, another persona, a conversation
+        another accept was creating. The transaction then tells those apart.
+
+        ``rehearsal``: the statement runs in a transaction rolled back (outside one it
+        would store the rehearsal's conversation and turn), and None is returned.
         """
         if not self._places_at_once:
-            return None, False
+            return None
         admission = None
         if self.fair_use is not None and not message.unlimited:
             admission = self.fair_use.admission(_limit_subjects(message))
             if admission is None:
-                return None, False
+                return None
         try:
             async with self._sessions() as session:
+                if rehearsal:
+                    with contextlib.suppress(Rehearsed):
+                        async with session.begin():
+                            await _place_turn(
+                                session,
+                                message,
+                                row,
+                                announce_channel,
+                                admission=admission,
+                                all_or_nothing=True,
+                            )
+                            raise Rehearsed
+                    return None
                 await session.connection(execution_options={"isolation_level": "AUTOCOMMIT"})
                 placed = await _place_turn(
                     session,
@@ -380,12 +401,9 @@ class TurnService:
         except DBAPIError as exc:
             if getattr(exc.orig, "sqlstate", None) != DIVISION_BY_ZERO:
                 raise
-            return None, False  # a slot taken for a turn not stored: the statement undid it all
-        if placed is None:
-            return None, True  # the key's first message
-        if not placed.stored:
-            return None, False  # (all or nothing: a slot for a turn not stored failed above)
-        return placed.slot, False
+            return None  # a slot taken for a turn not stored: the statement undid it all
+        # (All or nothing: a slot taken for a turn not stored failed above.)
+        return None if placed is None or not placed.stored else placed.slot
 
     def _begins_at_accept(self, conversation_id: str) -> bool:
         """True when the turn being accepted can be stored running, begun by this process.

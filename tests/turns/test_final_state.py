@@ -55,8 +55,12 @@ ACCEPT = (
     r"^(?:INSERT INTO turns|WITH new_turn AS\s*\(INSERT INTO turns"
     r"|WITH slot AS\s*\(UPDATE conversations)"
 )
-# Fair use's statement: the standing alone (SQLite), or the standing and the take (PostgreSQL).
-FAIR_USE = r"^(?:WITH standing AS\s*\()?SELECT \(SELECT limit_overrides"
+# Fair use's statement: the standing alone (SQLite), or the standing and the take
+# (PostgreSQL), on its own or (PostgreSQL, the one statement) as CTEs of the accept's.
+FAIR_USE = (
+    r"^(?:WITH standing AS\s*\()?SELECT \(SELECT limit_overrides"
+    r"|WITH slot AS.*limit_overrides"
+)
 READ_HISTORY = r"^SELECT conversations\.head_seq, \(SELECT max"
 """A queued turn's history read: its conversation's head (with the path known from the
 previous turn's final write, the one statement it sends). A turn its accept stores
@@ -281,8 +285,9 @@ async def test_a_turn_left_running_is_failed_within_the_bound_when_no_message_fo
     assert len(turn_lines(logs, first["turn_id"])) == 1
 
 
-# A key's first message creates its conversation (``queries._create_conversation``).
-NEW_CONVERSATION = r"^INSERT INTO conversations"
+# A key's first message creates its conversation: on its own (``queries._create_conversation``,
+# SQLite) or inside the accept's one statement (PostgreSQL).
+NEW_CONVERSATION = r"^(?:WITH slot AS.*)?INSERT INTO conversations"
 
 
 @pytest.mark.parametrize(
