@@ -461,6 +461,17 @@ class LocalClaims(TurnClaims):
             )
 
 
+def _head_id(conversation_id: str) -> Any:
+    """The conversation's head turn's id (its lowest-numbered open turn), a subquery."""
+    return (
+        select(Turn.id)
+        .where(Turn.conversation_id == conversation_id, _IS_OPEN)
+        .order_by(Turn.seq)
+        .limit(1)
+        .scalar_subquery()
+    )
+
+
 class LeasedClaims(TurnClaims):
     """Several workers on one PostgreSQL: leases taken and judged under row locks."""
 
@@ -468,13 +479,10 @@ class LeasedClaims(TurnClaims):
     wakeups: WakeupListener | None = None
 
     async def _claim_head(self, conversation_id: str) -> tuple[ClaimOutcome, Turn | None]:
-        head_id = (
-            select(Turn.id)
-            .where(Turn.conversation_id == conversation_id, _IS_OPEN)
-            .order_by(Turn.seq)
-            .limit(1)
-            .scalar_subquery()
-        )
+        claimed = await self._claim_free_head(conversation_id)
+        if claimed is not None:
+            return ClaimOutcome.CLAIMED, claimed
+        head_id = _head_id(conversation_id)
         async with self._sessions() as session, session.begin():
             now = await database_now(session)
             # Lock the head only, and skip it when another worker is deciding on it:
@@ -503,6 +511,44 @@ class LeasedClaims(TurnClaims):
             turn.lease_owner = self.worker_id
             turn.lease_expires_at = now + self.lease
             return ClaimOutcome.CLAIMED, turn
+
+    async def _claim_free_head(self, conversation_id: str) -> Turn | None:
+        """The common claim in one statement outside a transaction: the head queued, its
+        row not locked by another worker deciding on it, its lease free (none, this
+        worker's, or run out). None otherwise, with nothing changed, for the full claim
+        to tell apart (idle, busy, interrupted, raced).
+
+        The full claim's transaction takes six round trips (the checkout's ping, BEGIN,
+        the database's clock, the locked read, the lease's write, COMMIT) where this
+        takes two, and every turn a worker starts claims first: on a busy host each trip
+        is a wake-up of the database's process that the event loop, acknowledging
+        messages, waits behind (README, twenty-fourth session). The lease is judged and
+        written on the database's clock as there (``now()``).
+        """
+        locked_head = (
+            select(Turn.id)
+            .where(Turn.id == _head_id(conversation_id))
+            .with_for_update(skip_locked=True)
+            .scalar_subquery()
+        )
+        now = func.now()
+        claim = (
+            update(Turn)
+            .where(
+                Turn.id == locked_head,
+                Turn.status == TurnStatus.QUEUED,
+                (Turn.lease_owner.is_(None))
+                | (Turn.lease_owner == self.worker_id)
+                | (Turn.lease_expires_at.is_(None))
+                | (Turn.lease_expires_at <= now),
+            )
+            .values(lease_owner=self.worker_id, lease_expires_at=now + self.lease)
+            .returning(Turn)
+            .execution_options(synchronize_session=False)
+        )
+        async with self._sessions() as session:
+            await session.connection(execution_options={"isolation_level": "AUTOCOMMIT"})
+            return (await session.scalars(claim)).one_or_none()
 
     def began_here(self, turn: Turn) -> None:
         """Never called: with several workers every turn is stored queued and claimed."""

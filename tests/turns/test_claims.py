@@ -27,7 +27,7 @@ from bot.turns.partials import PartialReplies
 from bot.turns.streams import TurnStreams
 from tests.conftest import MakeClient, issue_key
 from tests.engines import TrickleEngine
-from tests.helpers import auth, read_sse
+from tests.helpers import auth, read_sse, recorded_statements
 
 
 def _no_channel(address: TurnAddress) -> ReplySink:
@@ -145,6 +145,56 @@ async def test_leases_are_judged_on_the_database_clock_not_a_skewed_host_clock(
             assert renewed is not None and renewed.lease_expires_at is not None
             expires_in = renewed.lease_expires_at - await database_now(session)
         assert dt.timedelta(seconds=25) < expires_in <= dt.timedelta(seconds=30)
+    finally:
+        await engine.dispose()
+
+
+async def test_a_free_queued_head_is_claimed_in_one_statement_and_a_live_lease_is_respected(
+    pg_url: str,
+) -> None:
+    """The common claim (the head queued, its lease free or run out) is one statement; a
+    head another worker holds a live lease on, or is deciding on (its row locked), is
+    not taken, and the turn behind a head is never claimed before it."""
+    engine = create_engine(pg_url)
+    sessions = create_sessionmaker(engine)
+    claims = LeasedClaims(sessions, worker_id="me", lease_s=30)
+    try:
+        async with sessions() as session, session.begin():
+            db_now = await database_now(session)
+            head = await add_turn(
+                session,
+                "leased",
+                lease_owner="other",
+                lease_expires_at=db_now + dt.timedelta(seconds=20),
+            )
+            behind = await add_turn(session, "leased")
+        assert await claims.claim_next(head.conversation_id) is None
+        async with sessions() as session:
+            kept = await session.get(Turn, head.id)
+            assert kept is not None and kept.lease_owner == "other"
+
+        async with sessions() as session, session.begin():
+            await session.execute(
+                update(Turn)
+                .where(Turn.id == head.id)
+                .values(lease_expires_at=db_now - dt.timedelta(seconds=1))
+            )
+        with recorded_statements(engine.sync_engine) as statements:
+            claimed = await claims.claim_next(head.conversation_id)
+        assert claimed is not None and claimed.id == head.id != behind.id
+        assert len(statements) == 1, statements
+        async with sessions() as session:
+            mine = await session.get(Turn, head.id)
+            assert mine is not None and mine.lease_owner == "me"
+            assert mine.status == TurnStatus.QUEUED and mine.lease_expires_at is not None
+            expires_in = mine.lease_expires_at - await database_now(session)
+        assert dt.timedelta(seconds=25) < expires_in <= dt.timedelta(seconds=30)
+
+        # Another worker deciding on the head holds its row: skipped at once, not waited for.
+        async with sessions() as session, session.begin():
+            await session.execute(update(Turn).where(Turn.id == head.id).values(lease_owner=None))
+            async with asyncio.timeout(5):
+                assert await claims.claim_next(head.conversation_id) is None
     finally:
         await engine.dispose()
 
