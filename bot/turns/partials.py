@@ -19,10 +19,10 @@ import contextlib
 from collections.abc import AsyncIterator, Callable
 
 import structlog
-from sqlalchemy import update
+from sqlalchemy import String, Text, bindparam, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from bot.storage.models import Turn, TurnStatus
+from bot.storage.models import Turn, TurnStatus, table_of
 from bot.turns.cancellation import stop_requested
 
 log = structlog.get_logger(__name__)
@@ -116,16 +116,32 @@ class PartialReplies:
             saved = text
 
     async def save(self, turn_id: str, text: str) -> bool:
-        """Store ``text`` as the turn's reply so far; False when the turn is not ours to write."""
-        async with self._sessions() as session, session.begin():
-            result = await session.execute(
-                update(Turn)
-                .where(
-                    Turn.id == turn_id,
-                    Turn.status == TurnStatus.RUNNING,
-                    Turn.lease_owner == self.worker_id,
-                )
-                .values(reply_text=text)
-                .execution_options(synchronize_session=False)  # a new session
+        """Store ``text`` as the turn's reply so far; False when the turn is not ours to write.
+
+        One statement outside a transaction (all or nothing on its own): the checkout's
+        ping and the UPDATE, where a transaction takes two more round trips (BEGIN,
+        COMMIT), and the saves of every turn generating run back to back under load.
+        """
+        async with self._sessions() as session:
+            connection = await session.connection(
+                execution_options={"isolation_level": "AUTOCOMMIT"}
+            )
+            result = await connection.execute(
+                _SAVE, {"turn_id": turn_id, "worker_id": self.worker_id, "reply_text": text}
             )
         return int(getattr(result, "rowcount", 0) or 0) == 1
+
+
+_TURNS = table_of(Turn)
+_SAVE = (
+    # The table, not the mapped class: an ORM-enabled UPDATE goes through the ORM's bulk
+    # machinery for nothing here.
+    update(_TURNS)
+    .where(
+        _TURNS.c.id == bindparam("turn_id", type_=String),
+        _TURNS.c.status == TurnStatus.RUNNING,
+        _TURNS.c.lease_owner == bindparam("worker_id", type_=String),
+    )
+    .values(reply_text=bindparam("reply_text", type_=Text))
+)
+"""The fenced save of a running turn's reply so far; built once."""
