@@ -13,6 +13,7 @@ run for a conversation that does not exist.
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import structlog
@@ -50,20 +51,37 @@ async def warm_up(
     runner: TurnRunner,
     *,
     key_reads: async_sessionmaker[AsyncSession],
+    connections: int = 1,
 ) -> None:
     """Check a made-up key, rehearse an API message's accept, claim, start and history.
 
     ``key_reads``: the request handlers' reads (a key's check runs there). A failure
     is logged and the service starts anyway: the first message then pays as before.
+
+    ``connections`` (PostgreSQL: a pool's size, its connections opened already,
+    ``ServiceEngines.open_pools``): that many rehearsals at once, spread over them:
+    asyncpg prepares a statement on each connection the first time it runs there,
+    one round trip more, which a burst of first messages after a start paid on
+    every connection at once.
     """
     started = time.perf_counter()
     try:
-        await rehearse_key_check(key_reads)
-        await turns.rehearse(rehearsal_message())
-        if turns.runs_turns:
-            await turns.claims.rehearse()
-            await runner.rehearse()
+        await asyncio.gather(
+            *(_rehearse(turns, runner, key_reads) for _ in range(max(1, connections)))
+        )
     except Exception as exc:  # a warm-up is never a reason not to start
         log.warning("warm_up_failed", error_class=type(exc).__name__)
         return
-    log.info("warmed_up", ms=round((time.perf_counter() - started) * 1000, 1))
+    log.info(
+        "warmed_up", ms=round((time.perf_counter() - started) * 1000, 1), connections=connections
+    )
+
+
+async def _rehearse(
+    turns: TurnService, runner: TurnRunner, key_reads: async_sessionmaker[AsyncSession]
+) -> None:
+    await rehearse_key_check(key_reads)
+    await turns.rehearse(rehearsal_message())
+    if turns.runs_turns:
+        await turns.claims.rehearse()
+        await runner.rehearse()

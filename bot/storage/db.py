@@ -267,6 +267,26 @@ class ServiceEngines:
         """Each engine once (SQLite's two are one)."""
         return tuple(dict.fromkeys((self.requests, self.turns)))
 
+    async def open_pools(self) -> None:
+        """PostgreSQL: open each pool's connections now (``SERVICE_POOL``), all of them.
+
+        Opened as needed, a burst of messages right after a start (a restart under
+        traffic) opened them all at once, each a new server process and several round
+        trips, while its acks waited (``bench/load.py``'s first second). SQLite's one
+        engine keeps no pool to fill.
+        """
+        for engine in self.distinct:
+            if engine.dialect.name == "sqlite":
+                continue
+            async with contextlib.AsyncExitStack() as held:
+                # Held together: each checkout takes a connection of its own.
+                await asyncio.gather(
+                    *(
+                        held.enter_async_context(engine.connect())
+                        for _ in range(SERVICE_POOL["pool_size"])
+                    )
+                )
+
     async def dispose(self) -> None:
         for engine in self.distinct:
             await engine.dispose()

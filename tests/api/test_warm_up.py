@@ -8,6 +8,7 @@ service runs them once at start, storing nothing.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from aiohttp.test_utils import TestClient, TestServer
@@ -18,7 +19,7 @@ from structlog.testing import capture_logs
 from bot.app import create_app
 from bot.engine.settings import EngineSettings
 from bot.engine.vllm_local import LocalVLLMEngine
-from bot.storage.db import create_engine, create_sessionmaker, is_sqlite
+from bot.storage.db import SERVICE_POOL, create_engine, create_sessionmaker, is_sqlite
 from bot.storage.models import ApiKey, UsageCounter
 from bot.turns.chat_format import ChatFormat
 from tests.conftest import MakeClient, issue_key, make_settings
@@ -124,3 +125,37 @@ async def test_a_warm_up_that_fails_is_logged_and_the_service_starts_and_answers
         await client.close()
         for sync_engine in engines:
             event.remove(sync_engine, "before_cursor_execute", lose_the_turn)
+
+
+async def test_on_postgresql_a_burst_of_first_messages_after_a_start_opens_no_connection(
+    pg_url: str, make_client: MakeClient
+) -> None:
+    """The warm-up opens each pool's connections (PostgreSQL), so the first messages after
+    a start, all at once, are stored and answered on connections already open."""
+    key = await issue_key(pg_url)
+    client = await make_client(pg_url)
+    opened: list[object] = []
+
+    def count(*_: Any) -> None:
+        opened.append(None)
+
+    engines = app_sync_engines(client.app)
+    for sync_engine in engines:
+        event.listen(sync_engine, "connect", count)
+    try:
+        responses = await asyncio.gather(
+            *(
+                client.post(
+                    "/v1/messages",
+                    json={"conversation_id": f"c{n}", "message_id": "m1", "text": "hello"},
+                    headers={**auth(key), "Accept": "text/event-stream"},
+                )
+                for n in range(SERVICE_POOL["pool_size"])
+            )
+        )
+        for response in responses:
+            assert (await read_sse(response))[-1].kind == "done"
+    finally:
+        for sync_engine in engines:
+            event.remove(sync_engine, "connect", count)
+    assert opened == []
