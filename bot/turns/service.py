@@ -377,19 +377,9 @@ class TurnService:
         try:
             async with self._sessions() as session:
                 if rehearsal:
-                    with contextlib.suppress(Rehearsed):
-                        async with session.begin():
-                            await _place_turn(
-                                session,
-                                message,
-                                row,
-                                announce_channel,
-                                admission=admission,
-                                all_or_nothing=True,
-                            )
-                            raise Rehearsed
-                    return None
-                await session.connection(execution_options={"isolation_level": "AUTOCOMMIT"})
+                    await session.begin()  # rolled back below (or as the session closes)
+                else:
+                    await session.connection(execution_options={"isolation_level": "AUTOCOMMIT"})
                 placed = await _place_turn(
                     session,
                     message,
@@ -398,6 +388,9 @@ class TurnService:
                     admission=admission,
                     all_or_nothing=True,
                 )
+                if rehearsal:
+                    await session.rollback()
+                    return None
         except DBAPIError as exc:
             if getattr(exc.orig, "sqlstate", None) != DIVISION_BY_ZERO:
                 raise
