@@ -436,6 +436,24 @@ def create_read_sessionmaker(
     )
 
 
+def create_statement_sessionmaker(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
+    """PostgreSQL: sessions whose statements each commit on their own, no transaction.
+
+    For writes that are one statement, all or nothing by itself (an accept's
+    ``place_turn``, a claim of a free head, a save of a reply so far): the checkout's
+    ping and the statement, where a transaction adds BEGIN and COMMIT, two round trips
+    that each wake the database's process on a busy host (README, twenty-fourth
+    session). PostgreSQL only: SQLite's writes queue for its write lock at BEGIN.
+    """
+    if engine.dialect.name != "postgresql":
+        raise ValueError("statements outside a transaction: PostgreSQL only")
+    return async_sessionmaker(
+        engine.execution_options(isolation_level="AUTOCOMMIT"),
+        class_=PromptSession,
+        expire_on_commit=False,
+    )
+
+
 _UNAVAILABLE_SIGNS = (
     "database is locked",
     "connection",

@@ -49,7 +49,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from bot.errors import ErrorClass
-from bot.storage.db import create_read_sessionmaker, is_sqlite
+from bot.storage.db import create_read_sessionmaker, create_statement_sessionmaker, is_sqlite
 from bot.storage.models import Turn, TurnStatus, new_id, one_of, utcnow
 from bot.storage.queries import as_utc
 from bot.turns.cancellation import stop_requested
@@ -478,6 +478,11 @@ class LeasedClaims(TurnClaims):
     exclusive = False
     wakeups: WakeupListener | None = None
 
+    def __init__(self, sessions: async_sessionmaker[AsyncSession], **options: Any) -> None:
+        super().__init__(sessions, **options)
+        self._statement_sessions = create_statement_sessionmaker(sessions.kw["bind"])
+        """A free head's claim is one statement, outside a transaction."""
+
     async def _claim_head(self, conversation_id: str) -> tuple[ClaimOutcome, Turn | None]:
         claimed = await self._claim_free_head(conversation_id)
         if claimed is not None:
@@ -546,8 +551,7 @@ class LeasedClaims(TurnClaims):
             .returning(Turn)
             .execution_options(synchronize_session=False)
         )
-        async with self._sessions() as session:
-            await session.connection(execution_options={"isolation_level": "AUTOCOMMIT"})
+        async with self._statement_sessions() as session:
             return (await session.scalars(claim)).one_or_none()
 
     def began_here(self, turn: Turn) -> None:

@@ -22,6 +22,7 @@ import structlog
 from sqlalchemy import String, Text, bindparam, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from bot.storage.db import create_statement_sessionmaker
 from bot.storage.models import Turn, TurnStatus, table_of
 from bot.turns.cancellation import stop_requested
 
@@ -47,7 +48,8 @@ class PartialReplies:
         interval_s: float = PARTIAL_REPLY_INTERVAL_S,
         max_in_flight: int = MAX_SAVES_IN_FLIGHT,
     ) -> None:
-        self._sessions = sessions
+        self._sessions = create_statement_sessionmaker(sessions.kw["bind"])
+        """Each save is one statement, outside a transaction (``save``)."""
         self.worker_id = worker_id
         self.interval_s = interval_s
         self.max_in_flight = max_in_flight
@@ -123,10 +125,7 @@ class PartialReplies:
         COMMIT), and the saves of every turn generating run back to back under load.
         """
         async with self._sessions() as session:
-            connection = await session.connection(
-                execution_options={"isolation_level": "AUTOCOMMIT"}
-            )
-            result = await connection.execute(
+            result = await session.execute(
                 _SAVE, {"turn_id": turn_id, "worker_id": self.worker_id, "reply_text": text}
             )
         return int(getattr(result, "rowcount", 0) or 0) == 1

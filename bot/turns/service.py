@@ -28,6 +28,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_sessionm
 
 from bot.errors import ErrorClass
 from bot.storage import queries
+from bot.storage.db import create_statement_sessionmaker
 from bot.storage.kept import KeptConnection
 from bot.storage.models import InboundEvent, Turn, TurnStatus, new_id, utcnow
 from bot.storage.text import storable, storable_or_none
@@ -140,6 +141,10 @@ class TurnService:
         self._sessions = sessions
         self._places_at_once = sessions.kw["bind"].dialect.name == "postgresql"
         """Accepts try ``_place_at_once`` first (PostgreSQL)."""
+        self._statement_sessions = (
+            create_statement_sessionmaker(sessions.kw["bind"]) if self._places_at_once else None
+        )
+        """``_place_at_once``'s: its statement runs outside a transaction."""
         self.streams = streams
         self.endings = TurnEndings(turn_sessions or sessions, streams)
         """How every turn ends (row, stream, log line); the runner and the claims share it."""
@@ -367,7 +372,7 @@ class TurnService:
         ``rehearsal``: the statement runs in a transaction rolled back (outside one it
         would store the rehearsal's conversation and turn), and None is returned.
         """
-        if not self._places_at_once:
+        if self._statement_sessions is None:
             return None
         admission = None
         if self.fair_use is not None and not message.unlimited:
@@ -375,11 +380,9 @@ class TurnService:
             if admission is None:
                 return None
         try:
-            async with self._sessions() as session:
-                if rehearsal:
-                    await session.begin()  # rolled back below (or as the session closes)
-                else:
-                    await session.connection(execution_options={"isolation_level": "AUTOCOMMIT"})
+            # A rehearsal's in a transaction it rolls back: outside one it would store.
+            sessions = self._sessions if rehearsal else self._statement_sessions
+            async with sessions() as session:
                 placed = await _place_turn(
                     session,
                     message,
