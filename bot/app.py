@@ -196,6 +196,8 @@ async def create_app(
             await turns.kept_accepts.close()  # checked out: back to the pool before it goes
         if policy.compactor is not None:
             await policy.compactor.close()  # background preparations, before the engine goes
+        if policy.partials is not None:
+            await policy.partials.close()
         log.info("service_stopping")
         await http.close()
         if starts_engine:

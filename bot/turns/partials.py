@@ -1,4 +1,4 @@
-"""A running turn's reply so far, kept in its row for readers on other workers.
+"""Running turns' replies so far, kept in their rows for readers on other workers.
 
 With several workers (PostgreSQL) the client reading a turn's stream may be
 connected to a worker that is not running the turn: a reconnect that the load
@@ -7,8 +7,15 @@ was running. Such a reader polls the turn row (``bot.channels.api.routes``);
 saving the reply so far every ``PARTIAL_REPLY_INTERVAL_S`` lets it stream in
 steps of about that size instead of getting the whole reply at the end.
 
-The write is fenced like every write of a running turn: it only lands while
-the turn is running under this worker's lease. A single process (SQLite)
+A worker saves the replies of all its running turns together, one statement
+each interval, however many turns generate. One save a turn each (the ping and
+the UPDATE) was more than half of a worker's round trips to PostgreSQL under
+load (``bench/load.py``: some 8,000 in an 8 s run at 100 messages/s, each a
+wake-up of a database process on the cores the event loop acknowledging
+messages needs; README, twenty-fifth session).
+
+The write is fenced like every write of a running turn: a turn's reply only
+lands while it is running under this worker's lease. A single process (SQLite)
 streams every reader from memory and does not need it.
 """
 
@@ -16,28 +23,29 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass
 
 import structlog
-from sqlalchemy import String, Text, bindparam, update
+from sqlalchemy import ARRAY, String, Text, bindparam, text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from bot.storage.db import create_statement_sessionmaker
-from bot.storage.models import Turn, TurnStatus, table_of
+from bot.storage.models import Turn, TurnStatus
 from bot.turns.cancellation import stop_requested
 
 log = structlog.get_logger(__name__)
 
 PARTIAL_REPLY_INTERVAL_S = 0.5
-MAX_SAVES_IN_FLIGHT = 3
-"""Saves a worker runs at once, of all its turns. A turn whose interval comes while they
-are all out skips it: its next save carries the whole reply so far (and is the one that
-finds a lease lost to a takeover: later, under such load). Unbounded, the saves of
-hundreds of turns generating at once (a real model under load on PostgreSQL) held pooled
-connections 219 s in a 60 s run (bench/connection_waits.py) while accepts, starts and
-final writes waited for one: background work may not take a worker's whole pool."""
-SAVE_IN_FLIGHT_GRACE_S = 2.0
-"""How long the end of a turn waits for a save already sent before cancelling it."""
+
+
+@dataclass
+class _Running:
+    """A turn whose reply is being saved: where its text comes from, what was stored."""
+
+    reply_so_far: Callable[[], str]
+    on_lost: Callable[[], object] | None
+    saved: str = ""
 
 
 class PartialReplies:
@@ -46,15 +54,14 @@ class PartialReplies:
         sessions: async_sessionmaker[AsyncSession],
         worker_id: str,
         interval_s: float = PARTIAL_REPLY_INTERVAL_S,
-        max_in_flight: int = MAX_SAVES_IN_FLIGHT,
     ) -> None:
         self._sessions = create_statement_sessionmaker(sessions.kw["bind"])
-        """Each save is one statement, outside a transaction (``save``)."""
+        """Each save is one statement, outside a transaction (``save_all``)."""
         self.worker_id = worker_id
         self.interval_s = interval_s
-        self.max_in_flight = max_in_flight
-        self.in_flight = 0
-        """Saves sent and not answered yet, of every turn of this worker."""
+        self._running: dict[str, _Running] = {}
+        self._saver: asyncio.Task[None] | None = None
+        """Saves every running turn's reply each interval while any runs here."""
 
     @contextlib.asynccontextmanager
     async def saving(
@@ -63,84 +70,99 @@ class PartialReplies:
         reply_so_far: Callable[[], str],
         on_lost: Callable[[], object] | None = None,
     ) -> AsyncIterator[None]:
-        """Save ``reply_so_far()`` every interval while the block runs (when it changed).
+        """Save ``reply_so_far()`` with the others every interval while the block runs
+        (when it changed).
 
         ``on_lost`` is called once if a save finds the turn no longer ours to write.
-
-        At the block's end a save already sent is let finish (up to
-        ``SAVE_IN_FLIGHT_GRACE_S``), not cancelled: cancelling a statement in flight
-        costs a cancel request on a connection of its own and the pooled connection
-        (invalidated), and under load, when saves are slow, many turns would end so.
+        A save sent when the block ends is not waited for, nor cancelled (that would
+        cost a cancel request and the pooled connection): the turn's final write
+        stores the whole reply, and a save that lands after it finds the turn no
+        longer running and changes nothing.
         """
-        ended = asyncio.Event()
-        task = asyncio.create_task(self._save_while_running(turn_id, reply_so_far, on_lost, ended))
+        self._running[turn_id] = _Running(reply_so_far, on_lost)
+        if self._saver is None or self._saver.done():
+            self._saver = asyncio.create_task(self._save_while_running(), name="partial-replies")
         try:
             yield
         finally:
-            ended.set()
-            await asyncio.wait({task}, timeout=SAVE_IN_FLIGHT_GRACE_S)
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            self._running.pop(turn_id, None)
 
-    async def _save_while_running(
-        self,
-        turn_id: str,
-        reply_so_far: Callable[[], str],
-        on_lost: Callable[[], object] | None,
-        ended: asyncio.Event,
-    ) -> None:
-        saved = ""
-        while True:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.interval_s):
-                    await ended.wait()
-            if ended.is_set():
-                return  # the turn's final write stores the whole reply
-            text = reply_so_far()
-            if text == saved or self.in_flight >= self.max_in_flight:
+    async def _save_while_running(self) -> None:
+        while self._running:
+            await asyncio.sleep(self.interval_s)
+            changed: dict[str, tuple[_Running, str]] = {}
+            for turn_id, running in list(self._running.items()):
+                reply = running.reply_so_far()
+                if reply != running.saved:
+                    changed[turn_id] = (running, reply)
+            if not changed:
                 continue
-            self.in_flight += 1
             try:
-                if not await self.save(turn_id, text):
-                    # No longer ours (taken over) or no longer running.
-                    log.warning("turn_lease_lost", turn_id=turn_id)
-                    if on_lost is not None:
-                        on_lost()
-                    return
-            except Exception as exc:  # a database blink costs readers one step, not the turn
+                stored = await self.save_all(
+                    {turn_id: text for turn_id, (_, text) in changed.items()}
+                )
+            except Exception as exc:  # a database blink costs readers one step, not the turns
                 if stop_requested():
                     raise
-                log.warning("partial_reply_not_saved", error=f"{type(exc).__name__}: {exc}")
+                log.warning(
+                    "partial_reply_not_saved",
+                    turns=len(changed),
+                    error=f"{type(exc).__name__}: {exc}",
+                )
                 continue
-            finally:
-                self.in_flight -= 1
-            saved = text
+            for turn_id, (running, reply) in changed.items():
+                if turn_id in stored:
+                    running.saved = reply
+                elif self._running.get(turn_id) is running:
+                    # Still generating here, and no longer ours (taken over) or running.
+                    log.warning("turn_lease_lost", turn_id=turn_id)
+                    del self._running[turn_id]
+                    if running.on_lost is not None:
+                        running.on_lost()
 
-    async def save(self, turn_id: str, text: str) -> bool:
-        """Store ``text`` as the turn's reply so far; False when the turn is not ours to write.
+    async def close(self) -> None:
+        """Stop saving (the service's end: its turns have ended, or been given up)."""
+        if self._saver is not None:
+            self._saver.cancel()
+            await asyncio.gather(self._saver, return_exceptions=True)
+
+    async def save_all(self, replies: Mapping[str, str]) -> set[str]:
+        """Store each turn's reply so far (turn id -> text); the ids stored, the others
+        not this worker's to write (another's lease, or no longer running).
 
         One statement outside a transaction (all or nothing on its own): the checkout's
-        ping and the UPDATE, where a transaction takes two more round trips (BEGIN,
-        COMMIT), and the saves of every turn generating run back to back under load.
+        ping and the UPDATE, for every turn at once. (It locks this worker's rows, as the
+        lease renewal does: should the two ever deadlock, the server fails one, and each
+        tries again at its next round.)
         """
         async with self._sessions() as session:
             result = await session.execute(
-                _SAVE, {"turn_id": turn_id, "worker_id": self.worker_id, "reply_text": text}
+                _SAVE_ALL,
+                {
+                    "turn_ids": list(replies),
+                    "reply_texts": list(replies.values()),
+                    "running": TurnStatus.RUNNING,
+                    "worker_id": self.worker_id,
+                },
             )
-        return int(getattr(result, "rowcount", 0) or 0) == 1
+        return set(result.scalars())
+
+    async def save(self, turn_id: str, text: str) -> bool:
+        """Store one turn's reply so far; False when the turn is not ours to write."""
+        return turn_id in await self.save_all({turn_id: text})
 
 
-_TURNS = table_of(Turn)
-_SAVE = (
-    # The table, not the mapped class: an ORM-enabled UPDATE goes through the ORM's bulk
-    # machinery for nothing here.
-    update(_TURNS)
-    .where(
-        _TURNS.c.id == bindparam("turn_id", type_=String),
-        _TURNS.c.status == TurnStatus.RUNNING,
-        _TURNS.c.lease_owner == bindparam("worker_id", type_=String),
-    )
-    .values(reply_text=bindparam("reply_text", type_=Text))
+_SAVE_ALL = text(
+    f"UPDATE {Turn.__tablename__} SET reply_text = replies.reply_text"
+    " FROM unnest(:turn_ids, :reply_texts) AS replies(turn_id, reply_text)"
+    f" WHERE {Turn.__tablename__}.id = replies.turn_id"
+    f" AND {Turn.__tablename__}.status = :running"
+    f" AND {Turn.__tablename__}.lease_owner = :worker_id"
+    f" RETURNING {Turn.__tablename__}.id"
+).bindparams(
+    bindparam("turn_ids", type_=ARRAY(String)),
+    bindparam("reply_texts", type_=ARRAY(Text)),
+    bindparam("running", type_=String),
+    bindparam("worker_id", type_=String),
 )
-"""The fenced save of a running turn's reply so far; built once."""
+"""The fenced save of running turns' replies so far, all in one statement; built once."""

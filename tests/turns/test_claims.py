@@ -254,9 +254,9 @@ SAVE_WAITING = (
 async def test_a_save_in_flight_when_the_turn_ends_is_let_finish_not_cancelled(
     pg_url: str,
 ) -> None:
-    """Under load a save of the reply so far is often in flight as the generation ends.
+    """Under load a save of the replies so far is often in flight as a generation ends.
     Cancelled there, the statement would cost a cancel request to the server and the
-    pooled connection (invalidated): the turn's end lets it finish instead."""
+    pooled connection (invalidated): the turn's end leaves it to finish instead."""
     engine = create_engine(pg_url)
     sessions = create_sessionmaker(engine)
     invalidated: list[object] = []
@@ -276,26 +276,31 @@ async def test_a_save_in_flight_when_the_turn_ends_is_let_finish_not_cancelled(
             async with asyncio.timeout(10):
                 while not await watcher.fetchval(SAVE_WAITING):  # noqa: ASYNC110 - polled: no event
                     await asyncio.sleep(0.02)
-            # The lock goes once the generation has ended, while its save still waits.
-            released = asyncio.get_running_loop().call_later(
-                0.3, lambda: asyncio.ensure_future(holding.rollback())
-            )
-        released.cancel()
-        async with sessions() as session:
-            stored = await session.get(Turn, turn.id)
-            assert stored is not None and stored.reply_text == "Hel"
+        # The generation has ended while its save still waits; the lock goes.
+        await holding.rollback()
+        async with asyncio.timeout(10):
+            while True:
+                async with sessions() as session:
+                    stored = await session.get(Turn, turn.id)
+                    assert stored is not None
+                    if stored.reply_text == "Hel":
+                        break
+                await asyncio.sleep(0.02)
         assert invalidated == []
+        await partials.close()
     finally:
         await holder.close()
         await watcher.close()
         await engine.dispose()
 
 
-async def test_saves_of_the_reply_so_far_leave_the_pool_to_the_ack_path(pg_url: str) -> None:
-    """Hundreds of turns generating at once (a slow model under load) saved their replies so
-    far with every pooled connection, and accepts waited for one. A worker sends at most
-    ``max_in_flight`` saves at a time; a turn whose interval comes while they are out skips
-    it, and its reply is saved at a later interval, once a save came back."""
+async def test_a_workers_running_turns_are_saved_together_one_statement_at_a_time(
+    pg_url: str,
+) -> None:
+    """Hundreds of turns generating at once (a slow model under load) saved their replies
+    so far one statement each, more than half of a worker's round trips to the database,
+    and with pooled connections the accepts waited for. A worker saves all its running
+    turns' replies in one statement, and sends the next only once that one came back."""
     engine = create_engine(pg_url)
     sessions = create_sessionmaker(engine)
     plain_url = make_url(pg_url).set(drivername="postgresql").render_as_string(hide_password=False)
@@ -307,53 +312,87 @@ async def test_saves_of_the_reply_so_far_leave_the_pool_to_the_ack_path(pg_url: 
                 for i in range(6)
             ]
         ids = [turn.id for turn in turns]
-        # Another session holds every turn's row: each save sent waits for its lock.
+        # Another session holds every turn's row: a save sent waits for their locks.
         holding = holder.transaction()
         await holding.start()
         await holder.execute("SELECT 1 FROM turns WHERE id = ANY($1::text[]) FOR UPDATE", ids)
-        partials = PartialReplies(sessions, "w1", interval_s=0.05, max_in_flight=2)
-        async with contextlib.AsyncExitStack() as generating:
-            for turn_id in ids:
-                await generating.enter_async_context(
-                    partials.saving(turn_id, lambda turn_id=turn_id: f"so far {turn_id}")
-                )
-            async with asyncio.timeout(10):
-                while await watcher.fetchval(SAVE_WAITING) < 2:  # noqa: ASYNC110 - polled
-                    await asyncio.sleep(0.02)
-            # Ten intervals more: every turn's saver came round while two saves were out.
-            await asyncio.sleep(0.5)
-            assert await watcher.fetchval(SAVE_WAITING) == 2
-            assert partials.in_flight == 2
-            await holding.rollback()
-            async with asyncio.timeout(10):
-                while True:
-                    async with sessions() as session:
-                        stored = await session.scalars(
-                            select(Turn.reply_text).where(Turn.id.in_(ids))
-                        )
-                        if sorted(map(str, stored)) == sorted(f"so far {i}" for i in ids):
-                            break
-                    await asyncio.sleep(0.05)
-        assert partials.in_flight == 0
+        partials = PartialReplies(sessions, "w1", interval_s=0.05)
+        with recorded_statements(engine.sync_engine) as statements:
+            async with contextlib.AsyncExitStack() as generating:
+                for turn_id in ids:
+                    await generating.enter_async_context(
+                        partials.saving(turn_id, lambda turn_id=turn_id: f"so far {turn_id}")
+                    )
+                async with asyncio.timeout(10):
+                    while not await watcher.fetchval(SAVE_WAITING):  # noqa: ASYNC110 - polled
+                        await asyncio.sleep(0.02)
+                # Ten intervals more: still the one statement, for all six.
+                await asyncio.sleep(0.5)
+                assert await watcher.fetchval(SAVE_WAITING) == 1
+                await holding.rollback()
+                async with asyncio.timeout(10):
+                    while True:
+                        async with sessions() as session:
+                            stored = await session.scalars(
+                                select(Turn.reply_text).where(Turn.id.in_(ids))
+                            )
+                            if sorted(map(str, stored)) == sorted(f"so far {i}" for i in ids):
+                                break
+                        await asyncio.sleep(0.05)
+                await asyncio.sleep(0.2)  # unchanged since: nothing more is sent
+        saves = [s for s in statements if s.startswith("UPDATE turns SET reply_text")]
+        assert len(saves) == 1, saves
+        await partials.close()
     finally:
         await holder.close()
         await watcher.close()
         await engine.dispose()
 
 
-async def test_a_failed_save_gives_its_place_back(pg_url: str) -> None:
-    """A save the database refuses must not keep its place among the saves in flight:
-    with one place, a leaked one would end every turn's saves after the first failure."""
+async def test_a_turn_no_longer_ours_among_the_saved_is_told_once_and_the_rest_saved(
+    pg_url: str,
+) -> None:
+    """One statement saves every running turn's reply: a turn another worker took over
+    (its lease) is not written, its own generation is told once (it stops), and the
+    others' replies are stored and go on being saved."""
+    engine = create_engine(pg_url)
+    sessions = create_sessionmaker(engine)
+    try:
+        async with sessions() as session, session.begin():
+            ours = await add_turn(session, "ours", status=TurnStatus.RUNNING, lease_owner="w1")
+            taken = await add_turn(session, "taken", status=TurnStatus.RUNNING, lease_owner="w2")
+        partials = PartialReplies(sessions, "w1", interval_s=0.05)
+        lost: list[str] = []
+        reply = "Hel"
+        async with (
+            partials.saving(ours.id, lambda: reply, on_lost=lambda: lost.append("ours")),
+            partials.saving(taken.id, lambda: reply + "!", on_lost=lambda: lost.append("taken")),
+        ):
+            await asyncio.sleep(0.3)
+            reply = "Hello"
+            await asyncio.sleep(0.3)
+        async with sessions() as session:
+            stored = {t.id: t.reply_text for t in await session.scalars(select(Turn))}
+        assert stored == {ours.id: "Hello", taken.id: None}
+        assert lost == ["taken"]
+        await partials.close()
+    finally:
+        await engine.dispose()
+
+
+async def test_a_failed_save_is_tried_again_at_the_next_interval(pg_url: str) -> None:
+    """A save the database refuses costs readers elsewhere one step, not the saves after
+    it: the next interval tries again."""
     # The server answers, but refuses this database: every save fails at connect.
     refused = create_engine(make_url(pg_url).set(database="no_such_database").render_as_string())
-    partials = PartialReplies(create_sessionmaker(refused), "w1", interval_s=0.05, max_in_flight=1)
+    partials = PartialReplies(create_sessionmaker(refused), "w1", interval_s=0.05)
     try:
         with structlog.testing.capture_logs() as logs:
             async with partials.saving("t-refused", lambda: "Hel"):
                 await asyncio.sleep(0.5)
         failures = [line for line in logs if line["event"] == "partial_reply_not_saved"]
         assert len(failures) >= 3
-        assert partials.in_flight == 0
+        await partials.close()
     finally:
         await refused.dispose()
 
