@@ -249,6 +249,23 @@ class CpuWaits:
         return lines
 
 
+def postgres_cpu_ms() -> float:
+    """CPU time of every PostgreSQL server process on this host so far (ms; Linux's
+    ``/proc/PID/stat``, user + system): read before and after a run, what the database
+    spent on it, its connections' backends and its own background processes alike (a
+    backend that exits meanwhile takes its part with it: the service's pools keep theirs)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            text = stat.read_text()
+            name, _, rest = text.partition(") ")
+            if name.endswith("(postgres"):
+                fields = rest.split()
+                total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total * 1000 / ticks
+
+
 LINE_LIMIT = 2**26
 """One answer is one line: 4000 arrivals of bench/load.py take about 120 kB."""
 

@@ -27,7 +27,9 @@ create them, all at the start) and for the later ones; the service's event-loop
 lag while they arrived and, for the loop's thread (and the ingress, client and
 fakes processes' main threads), the time on a CPU and the time runnable but
 waiting for one (Linux's schedstat): a late loop whose thread waited was not
-given the CPU; then the first rate whose ack p99 passes 25 ms.
+given the CPU; on PostgreSQL, the database's processes' CPU time from the first
+arrival until the turns have drained (what the messages cost the database); then the
+first rate whose ack p99 passes 25 ms.
 
 ``--engine-server`` moves the engine out of the service's process: a real vLLM
 OpenAI server (tests/vllm_servers.py) on its own core, reached as
@@ -74,6 +76,7 @@ from harness import (
     engine_processes,
     model_name,
     percentile,
+    postgres_cpu_ms,
     run_on,
     scratch_database,
     serve_on_loopback,
@@ -349,10 +352,12 @@ async def run(args: argparse.Namespace, workdir: Path, db_url: str) -> None:
                 batch = f"{run}{rate:g}".replace(".", "")
                 lag.start()
                 cpu_waits.start()
+                database_cpu_ms = postgres_cpu_ms()
                 results = await client.send(Plan(rate, args.seconds, args.conversations, batch))
                 lags = lag.stop()
                 waits = cpu_waits.stop()
                 await drain(app[TURNS], db_url, since, args.drain_s)
+                database_cpu_ms = postgres_cpu_ms() - database_cpu_ms
                 finals = await final_turns(db_url, since)
                 for channel, _, status in results:
                     accepted[channel] += status in (200, 202)
@@ -373,6 +378,12 @@ async def run(args: argparse.Namespace, workdir: Path, db_url: str) -> None:
                 )
                 for line in waits:
                     print(f"{'':6}  {line}")
+                if not db_url.startswith("sqlite"):
+                    print(
+                        f"{'':6}  PostgreSQL's processes on a CPU {database_cpu_ms:.0f} ms for"
+                        f" these messages' acks and turns"
+                        f" ({database_cpu_ms / max(len(results), 1):.2f} ms a message)"
+                    )
                 if first_over is None and p99 > ACK_P99_GOAL_MS:
                     first_over = rate
     finally:
