@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 
@@ -81,7 +82,10 @@ class PartialReplies:
         """
         self._running[turn_id] = _Running(reply_so_far, on_lost)
         if self._saver is None or self._saver.done():
-            self._saver = asyncio.create_task(self._save_while_running(), name="partial-replies")
+            # A context of its own: not the log fields of the turn that happened to start it.
+            self._saver = asyncio.create_task(
+                self._save_while_running(), name="partial-replies", context=contextvars.Context()
+            )
         try:
             yield
         finally:
@@ -111,7 +115,9 @@ class PartialReplies:
                 )
                 continue
             for turn_id, (running, reply) in changed.items():
-                if turn_id in stored:
+                if turn_id not in stored:
+                    continue  # its row was held (a final write, a cancel): the next interval
+                if stored[turn_id]:
                     running.saved = reply
                 elif self._running.get(turn_id) is running:
                     # Still generating here, and no longer ours (taken over) or running.
@@ -126,14 +132,17 @@ class PartialReplies:
             self._saver.cancel()
             await asyncio.gather(self._saver, return_exceptions=True)
 
-    async def save_all(self, replies: Mapping[str, str]) -> set[str]:
-        """Store each turn's reply so far (turn id -> text); the ids stored, the others
-        not this worker's to write (another's lease, or no longer running).
+    async def save_all(self, replies: Mapping[str, str]) -> dict[str, bool]:
+        """Store each turn's reply so far (turn id -> text). For each turn whose row it
+        locked, whether it stored it (False: not this worker's to write, another's lease,
+        or no longer running); a turn missing was skipped, its row held by another.
 
         One statement outside a transaction (all or nothing on its own): the checkout's
-        ping and the UPDATE, for every turn at once. (It locks this worker's rows, as the
-        lease renewal does: should the two ever deadlock, the server fails one, and each
-        tries again at its next round.)
+        ping and the UPDATE, for every turn at once. It never waits for a row: holding the
+        rows it has locked while waiting for one held elsewhere (a final write's) would
+        hold up those turns' final writes in turn, and lock the rows in another order
+        than the lease renewal, which locks them too (a deadlock). A skipped turn costs
+        readers one step.
         """
         async with self._sessions() as session:
             result = await session.execute(
@@ -145,24 +154,29 @@ class PartialReplies:
                     "worker_id": self.worker_id,
                 },
             )
-        return set(result.scalars())
+        return {turn_id: bool(stored) for turn_id, stored in result}
 
     async def save(self, turn_id: str, text: str) -> bool:
-        """Store one turn's reply so far; False when the turn is not ours to write."""
-        return turn_id in await self.save_all({turn_id: text})
+        """Store one turn's reply so far; False when it is not ours to write (or skipped)."""
+        return (await self.save_all({turn_id: text})).get(turn_id, False)
 
 
 _SAVE_ALL = text(
-    f"UPDATE {Turn.__tablename__} SET reply_text = replies.reply_text"
+    f"WITH locked AS (SELECT id FROM {Turn.__tablename__} WHERE id = ANY(:turn_ids)"
+    " FOR NO KEY UPDATE SKIP LOCKED),"
+    f" saved AS (UPDATE {Turn.__tablename__} SET reply_text = replies.reply_text"
     " FROM unnest(:turn_ids, :reply_texts) AS replies(turn_id, reply_text)"
     f" WHERE {Turn.__tablename__}.id = replies.turn_id"
+    f" AND {Turn.__tablename__}.id IN (SELECT id FROM locked)"
     f" AND {Turn.__tablename__}.status = :running"
     f" AND {Turn.__tablename__}.lease_owner = :worker_id"
-    f" RETURNING {Turn.__tablename__}.id"
+    f" RETURNING {Turn.__tablename__}.id)"
+    " SELECT locked.id, saved.id IS NOT NULL FROM locked LEFT JOIN saved ON saved.id = locked.id"
 ).bindparams(
     bindparam("turn_ids", type_=ARRAY(String)),
     bindparam("reply_texts", type_=ARRAY(Text)),
     bindparam("running", type_=String),
     bindparam("worker_id", type_=String),
 )
-"""The fenced save of running turns' replies so far, all in one statement; built once."""
+"""The fenced save of running turns' replies so far, all in one statement, skipping rows
+held elsewhere; each row it locked and whether it stored it. Built once."""
