@@ -392,16 +392,22 @@ async def test_a_turn_no_longer_ours_among_the_saved_is_told_once_and_the_rest_s
 
 async def test_a_failed_save_is_tried_again_at_the_next_interval(pg_url: str) -> None:
     """A save the database refuses costs readers elsewhere one step, not the saves after
-    it: the next interval tries again."""
+    it: the next interval tries again. The saver's lines are the worker's: they do not
+    carry the log fields of the turn whose generation happened to start the saver."""
     # The server answers, but refuses this database: every save fails at connect.
     refused = create_engine(make_url(pg_url).set(database="no_such_database").render_as_string())
     partials = PartialReplies(create_sessionmaker(refused), "w1", interval_s=0.05)
     try:
-        with structlog.testing.capture_logs() as logs:
+        merged = [structlog.contextvars.merge_contextvars]
+        with (
+            structlog.testing.capture_logs(processors=merged) as logs,
+            structlog.contextvars.bound_contextvars(turn_id="t-refused", conversation_id="c"),
+        ):
             async with partials.saving("t-refused", lambda: "Hel"):
                 await asyncio.sleep(0.5)
         failures = [line for line in logs if line["event"] == "partial_reply_not_saved"]
         assert len(failures) >= 3
+        assert not [line for line in failures if "turn_id" in line or "conversation_id" in line]
         await partials.close()
     finally:
         await refused.dispose()
