@@ -38,12 +38,10 @@ from bot.http.keys import (
 )
 from bot.http.middleware import request_context
 from bot.storage.db import (
-    SERVICE_POOL,
     create_probe_engine,
     create_read_sessionmaker,
     create_service_engines,
     create_sessionmaker,
-    is_sqlite,
     watch_answers,
 )
 from bot.storage.kept import kept_for_accepts
@@ -167,13 +165,8 @@ async def create_app(
         await turns.recover()
         # The pools' connections opened and the statements of a message's way to its
         # first token compiled before the first message rather than in it (bot.warm_up).
-        await engines.open_pools()
-        await warm_up(
-            turns,
-            runner,
-            key_reads=app[SHORT_READS],
-            connections=1 if is_sqlite(settings.database.url) else SERVICE_POOL["pool_size"],
-        )
+        connections = await engines.open_pools()
+        await warm_up(turns, runner, key_reads=app[SHORT_READS], connections=connections)
         # A full collection walks every tracked object: with the engine's and the
         # libraries' millions of long-lived ones loaded it stalled the loop, every ack
         # with it, for 250-380 ms (bench/load.py). Frozen, those are left out of every

@@ -267,17 +267,22 @@ class ServiceEngines:
         """Each engine once (SQLite's two are one)."""
         return tuple(dict.fromkeys((self.requests, self.turns)))
 
-    async def open_pools(self) -> None:
+    async def open_pools(self) -> int:
         """PostgreSQL: open each pool's connections now (``SERVICE_POOL``), all of them.
 
         Opened as needed, a burst of messages right after a start (a restart under
         traffic) opened them all at once, each a new server process and several round
         trips, while its acks waited (``bench/load.py``'s first second). SQLite's one
         engine keeps no pool to fill.
+
+        Returns how many connections each engine now has open to spread work over (the
+        warm-up's rehearsals): a pool's size, or SQLite's one.
         """
+        opened = 1
         for engine in self.distinct:
             if engine.dialect.name == "sqlite":
                 continue
+            opened = SERVICE_POOL["pool_size"]
             async with contextlib.AsyncExitStack() as held:
                 # Held together: each checkout takes a connection of its own.
                 await asyncio.gather(
@@ -286,6 +291,7 @@ class ServiceEngines:
                         for _ in range(SERVICE_POOL["pool_size"])
                     )
                 )
+        return opened
 
     async def dispose(self) -> None:
         for engine in self.distinct:
