@@ -378,7 +378,7 @@ async def run(args: argparse.Namespace, workdir: Path, db_url: str) -> None:
                 )
                 for line in waits:
                     print(f"{'':6}  {line}")
-                if not db_url.startswith("sqlite"):
+                if not is_sqlite(db_url):
                     print(
                         f"{'':6}  PostgreSQL's processes on a CPU {database_cpu_ms:.0f} ms for"
                         f" these messages' acks and turns"
