@@ -266,6 +266,52 @@ def postgres_cpu_ms() -> float:
     return total * 1000 / ticks
 
 
+class CpuByProcess:
+    """CPU time each kind of process on this host spent between ``start`` and ``stop``.
+
+    On two cores the acks compete with the engine, the database and the load client
+    for the CPU: which of them took it while the messages arrived says where the
+    acks' waits for a core come from. Kinds: this process (the service), vLLM's
+    engine processes, the named processes (``named``: pid -> label), PostgreSQL's
+    server processes, and all others. A process that exits in between takes its
+    part with it.
+    """
+
+    def __init__(self, named: dict[int, str]) -> None:
+        self._named = named
+        self._before: dict[int, tuple[str, float]] = {}
+
+    def _kind(self, process: psutil.Process, engine: set[int]) -> str:
+        if process.pid == os.getpid():
+            return "service"
+        if process.pid in engine:
+            return "engine"
+        if process.pid in self._named:
+            return self._named[process.pid]
+        return "PostgreSQL" if process.name() == "postgres" else "other"
+
+    def _read(self) -> dict[int, tuple[str, float]]:
+        children = descendants()
+        engine = set(titled(children, ENGINE_CORE_TITLE) + titled(children, WORKER_TITLE))
+        found: dict[int, tuple[str, float]] = {}
+        for process in psutil.process_iter():
+            with contextlib.suppress(psutil.Error):
+                times = process.cpu_times()
+                found[process.pid] = (self._kind(process, engine), times.user + times.system)
+        return found
+
+    def start(self) -> None:
+        self._before = self._read()
+
+    def stop(self) -> dict[str, float]:
+        """ms of CPU a kind, most first."""
+        spent: dict[str, float] = {}
+        for pid, (kind, seconds) in self._read().items():
+            earlier = self._before.get(pid, (kind, 0.0))[1]
+            spent[kind] = spent.get(kind, 0.0) + (seconds - earlier) * 1000
+        return dict(sorted(spent.items(), key=lambda item: -item[1]))
+
+
 LINE_LIMIT = 2**26
 """One answer is one line: 4000 arrivals of bench/load.py take about 120 kB."""
 

@@ -27,9 +27,11 @@ create them, all at the start) and for the later ones; the service's event-loop
 lag while they arrived and, for the loop's thread (and the ingress, client and
 fakes processes' main threads), the time on a CPU and the time runnable but
 waiting for one (Linux's schedstat): a late loop whose thread waited was not
-given the CPU; on PostgreSQL, the database's processes' CPU time from the first
-arrival until the turns have drained (what the messages cost the database); then the
-first rate whose ack p99 passes 25 ms.
+given the CPU; the CPU time every kind of process on the host took while they
+arrived (the service, the engine, PostgreSQL, the client and fakes, the rest): what
+the acks competed with for the two cores; on PostgreSQL, the database's processes'
+CPU time from the first arrival until the turns have drained (what the messages
+cost the database); then the first rate whose ack p99 passes 25 ms.
 
 ``--engine-server`` moves the engine out of the service's process: a real vLLM
 OpenAI server (tests/vllm_servers.py) on its own core, reached as
@@ -69,6 +71,7 @@ from typing import Any
 
 from harness import (
     LOOPS,
+    CpuByProcess,
     CpuWaits,
     LoopLag,
     add_model_arguments,
@@ -348,14 +351,20 @@ async def run(args: argparse.Namespace, workdir: Path, db_url: str) -> None:
             if fakes.pid is not None:
                 threads["platform fakes' main thread"] = (fakes.pid, fakes.pid)
             cpu_waits = CpuWaits(threads)
+            # Other processes by the name their thread goes by: "client process's ..."
+            named = {pid: label.split("'")[0] for label, (pid, _) in threads.items()}
+            named.pop(os.getpid(), None)
+            cpu_by_process = CpuByProcess(named)
             for rate in rates:
                 batch = f"{run}{rate:g}".replace(".", "")
                 lag.start()
                 cpu_waits.start()
+                cpu_by_process.start()
                 database_cpu_ms = postgres_cpu_ms()
                 results = await client.send(Plan(rate, args.seconds, args.conversations, batch))
                 lags = lag.stop()
                 waits = cpu_waits.stop()
+                spent = cpu_by_process.stop()
                 await drain(app[TURNS], db_url, since, args.drain_s)
                 database_cpu_ms = postgres_cpu_ms() - database_cpu_ms
                 finals = await final_turns(db_url, since)
@@ -378,6 +387,8 @@ async def run(args: argparse.Namespace, workdir: Path, db_url: str) -> None:
                 )
                 for line in waits:
                     print(f"{'':6}  {line}")
+                shares = ", ".join(f"{kind} {ms:.0f}" for kind, ms in spent.items())
+                print(f"{'':6}  CPU ms while they arrived, by process: {shares}")
                 if not is_sqlite(db_url):
                     print(
                         f"{'':6}  PostgreSQL's processes on a CPU {database_cpu_ms:.0f} ms for"
