@@ -67,15 +67,18 @@ def model_name(args: argparse.Namespace) -> str:
     return str(args.model or "demo model")
 
 
+def engine_pids() -> list[int]:
+    """vLLM's own processes started by this one: its engine core and its workers."""
+    children = descendants()
+    return titled(children, ENGINE_CORE_TITLE) + titled(children, WORKER_TITLE)
+
+
 def engine_processes() -> str:
     """Where vLLM's own processes run and at which nice value, read off the processes."""
-    engine = descendants()
     found = [
         f"{process.name()} on CPUs {','.join(map(str, sorted(process.cpu_affinity())))}"
         f" at nice {process.nice()}"
-        for process in map(
-            psutil.Process, titled(engine, ENGINE_CORE_TITLE) + titled(engine, WORKER_TITLE)
-        )
+        for process in map(psutil.Process, engine_pids())
     ]
     return "; ".join(sorted(found)) or "none found"
 
@@ -249,21 +252,23 @@ class CpuWaits:
         return lines
 
 
+def is_postgres(process: psutil.Process) -> bool:
+    """A PostgreSQL server process: a connection's backend or a background one."""
+    return process.name() == "postgres"
+
+
 def postgres_cpu_ms() -> float:
-    """CPU time of every PostgreSQL server process on this host so far (ms; Linux's
-    ``/proc/PID/stat``, user + system): read before and after a run, what the database
-    spent on it, its connections' backends and its own background processes alike (a
-    backend that exits meanwhile takes its part with it: the service's pools keep theirs)."""
-    ticks = os.sysconf("SC_CLK_TCK")
-    total = 0
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError):
-            text = stat.read_text()
-            name, _, rest = text.partition(") ")
-            if name.endswith("(postgres"):
-                fields = rest.split()
-                total += int(fields[11]) + int(fields[12])  # utime, stime
-    return total * 1000 / ticks
+    """CPU time of every PostgreSQL server process on this host so far (ms, user +
+    system): read before and after a run, what the database spent on it, its
+    connections' backends and its own background processes alike (a backend that
+    exits meanwhile takes its part with it: the service's pools keep theirs)."""
+    total = 0.0
+    for process in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            if is_postgres(process):
+                times = process.cpu_times()
+                total += times.user + times.system
+    return total * 1000
 
 
 class CpuByProcess:
@@ -272,7 +277,7 @@ class CpuByProcess:
     On two cores the acks compete with the engine, the database and the load client
     for the CPU: which of them took it while the messages arrived says where the
     acks' waits for a core come from. Kinds: this process (the service), vLLM's
-    engine processes, the named processes (``named``: pid -> label), PostgreSQL's
+    engine processes, the named processes (``named``: pid -> name), PostgreSQL's
     server processes, and all others. A process that exits in between takes its
     part with it.
     """
@@ -288,11 +293,10 @@ class CpuByProcess:
             return "engine"
         if process.pid in self._named:
             return self._named[process.pid]
-        return "PostgreSQL" if process.name() == "postgres" else "other"
+        return "PostgreSQL" if is_postgres(process) else "other"
 
     def _read(self) -> dict[int, tuple[str, float]]:
-        children = descendants()
-        engine = set(titled(children, ENGINE_CORE_TITLE) + titled(children, WORKER_TITLE))
+        engine = set(engine_pids())
         found: dict[int, tuple[str, float]] = {}
         for process in psutil.process_iter():
             with contextlib.suppress(psutil.Error):

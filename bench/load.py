@@ -343,18 +343,19 @@ async def run(args: argparse.Namespace, workdir: Path, db_url: str) -> None:
             await drain(app[TURNS], db_url, since, args.drain_s)
             for channel, _, status in warmup:
                 accepted[channel] += status in (200, 202)
-            threads = {"service loop thread": (os.getpid(), threading.get_native_id())}
+            # The benchmark's other processes, by name: their main threads' waits for a
+            # CPU and their CPU time are told apart from the rest.
+            processes: dict[int, str] = {}
             if ingress is not None:
-                threads["ingress process's main thread"] = (ingress.pid, ingress.pid)
+                processes[ingress.pid] = "ingress process"
             if isinstance(client, SubprocessClient) and client.pid is not None:
-                threads["client process's main thread"] = (client.pid, client.pid)
+                processes[client.pid] = "client process"
             if fakes.pid is not None:
-                threads["platform fakes' main thread"] = (fakes.pid, fakes.pid)
+                processes[fakes.pid] = "fakes process"
+            threads = {"service loop thread": (os.getpid(), threading.get_native_id())}
+            threads |= {f"{name}'s main thread": (pid, pid) for pid, name in processes.items()}
             cpu_waits = CpuWaits(threads)
-            # Other processes by the name their thread goes by: "client process's ..."
-            named = {pid: label.split("'")[0] for label, (pid, _) in threads.items()}
-            named.pop(os.getpid(), None)
-            cpu_by_process = CpuByProcess(named)
+            cpu_by_process = CpuByProcess(processes)
             for rate in rates:
                 batch = f"{run}{rate:g}".replace(".", "")
                 lag.start()
