@@ -448,7 +448,7 @@ def create_statement_sessionmaker(engine: AsyncEngine) -> async_sessionmaker[Asy
     For writes that are one statement, all or nothing by itself (an accept's
     ``place_turn``, a claim of a free head, a save of a reply so far): the checkout's
     ping and the statement, where a transaction adds BEGIN and COMMIT, two round trips
-    that each wake the database's process on a busy host (README, twenty-fourth
+    that each wake the database's process on a busy host (docs/performance.md, twenty-fourth
     session). PostgreSQL only: SQLite's writes queue for its write lock at BEGIN.
     """
     if engine.dialect.name != "postgresql":
