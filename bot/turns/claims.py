@@ -651,9 +651,14 @@ class LeasedClaims(TurnClaims):
 
     async def close(self) -> None:
         """Stop renewing and polling; hand back queued turns claimed but not started."""
+        claimed_here = bool(self._tasks)
         if self.wakeups is not None:
             await self.wakeups.close()
         await super().close()
+        if not claimed_here:
+            # Never started (an ingress-only process): it claimed nothing, and the leases
+            # under its id, if a worker was given the same ``workers.id``, are that worker's.
+            return
         try:
             async with self._sessions() as session, session.begin():
                 await session.execute(

@@ -10,16 +10,22 @@ from __future__ import annotations
 
 import asyncio
 import time
+from datetime import timedelta
 
 import pytest
 from aiohttp.test_utils import TestClient
+from sqlalchemy import func, update
+from sqlalchemy.ext.asyncio import create_async_engine
 
 from bot.config import ConfigError, load_settings
 from bot.engine.vllm_local import LocalVLLMEngine
 from bot.http.keys import TURNS
+from bot.storage.models import Turn
 from bot.turns.claims import FRESH_TURN_GRACE, LeasedClaims
 from tests.conftest import MakeClient, issue_key
 from tests.helpers import auth, load_turns, read_sse, terminate_backends
+
+LEASE = timedelta(seconds=30)
 
 
 async def worker_and_ingress(
@@ -115,3 +121,29 @@ def test_ingress_only_is_refused_on_sqlite() -> None:
             database={"url": "sqlite+aiosqlite:///bot.db"},
             workers={"run_turns": False},
         )
+
+
+async def test_an_ingress_only_process_hands_back_no_lease_when_it_stops(
+    pg_url: str, make_client: MakeClient
+) -> None:
+    """Both units read one bot.toml: a ``workers.id`` set there names the worker and the
+    ingress alike. The ingress claims nothing, so its stop leaves the worker's claims be."""
+    ingress = await make_client(pg_url, workers={"id": "shared", "run_turns": False})
+    key = await issue_key(pg_url)
+    message = {"conversation_id": "c1", "message_id": "m1", "text": "Hello"}
+    response = await ingress.post("/v1/messages", json=message, headers=auth(key))
+    assert response.status == 202
+    # The worker called "shared" has claimed the turn and is about to start it.
+    engine = create_async_engine(pg_url)
+    try:
+        async with engine.begin() as connection:
+            await connection.execute(
+                update(Turn).values(lease_owner="shared", lease_expires_at=func.now() + LEASE)
+            )
+    finally:
+        await engine.dispose()
+
+    await ingress.close()
+
+    [turn] = await load_turns(pg_url)
+    assert (turn.status, turn.lease_owner) == ("queued", "shared")
