@@ -16,6 +16,7 @@ from bot import systemd
 
 ROOT = Path(__file__).resolve().parents[2]
 UNIT = ROOT / "deploy" / "bot.service"
+INGRESS_UNIT = ROOT / "deploy" / "bot-ingress.service"
 
 
 def test_notify_is_a_no_op_outside_systemd() -> None:
@@ -61,9 +62,9 @@ def test_watchdog_interval_is_half_the_timeout_and_only_for_this_pid() -> None:
     assert systemd.watchdog_interval_s({**mine, "WATCHDOG_PID": "1"}) is None
 
 
-def unit_settings() -> dict[str, list[str]]:
+def unit_settings(unit: Path = UNIT) -> dict[str, list[str]]:
     values: dict[str, list[str]] = {}
-    for line in UNIT.read_text().splitlines():
+    for line in unit.read_text().splitlines():
         if "=" in line and not line.startswith(("#", "[")):
             key, _, value = line.partition("=")
             values.setdefault(key.strip(), []).append(value.strip())
@@ -91,13 +92,48 @@ def test_unit_declares_notify_watchdog_restart_user_hardening_and_a_stop_timeout
     assert command[0] == "/opt/bot/.venv/bin/botctl" and command[1:] == ["serve"]
 
 
+def unit_lines(unit: Path) -> set[tuple[str, str]]:
+    return {(key, value) for key, values in unit_settings(unit).items() for value in values}
+
+
+def test_the_ingress_unit_is_the_service_unit_with_only_its_own_lines_changed() -> None:
+    """One hardening, one layout, one set of secrets: the ingress unit differs from
+    bot.service only in what makes it an ingress, so the two cannot drift apart."""
+    service, ingress = unit_lines(UNIT), unit_lines(INGRESS_UNIT)
+    assert {key for key, _ in service - ingress} == {"Description", "TimeoutStartSec"}
+    assert {key for key, _ in ingress - service} == {"Description", "TimeoutStartSec"} | {
+        "Environment",
+        "Nice",
+        "CPUWeight",
+    }
+    ingress_settings = unit_settings(INGRESS_UNIT)
+    assert int(ingress_settings["Nice"][0]) < 0 and int(ingress_settings["CPUWeight"][0]) > 100
+
+
+def test_the_ingress_unit_runs_no_turn_on_a_port_of_its_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from bot.config import ServerSettings, load_settings
+
+    monkeypatch.setenv("BOT_DATABASE__URL", "postgresql+asyncpg://bot@127.0.0.1/bot")
+    for assignment in unit_settings(INGRESS_UNIT)["Environment"]:
+        name, _, value = assignment.partition("=")
+        if name.startswith("BOT_") and name != "BOT_CONFIG":  # the file is the host's
+            monkeypatch.setenv(name, value)
+    settings = load_settings(None)
+    assert settings.workers.run_turns is False
+    # bot.service sets no port: it listens on the default, which the ingress must leave it.
+    assert settings.server.port != ServerSettings().port
+
+
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze missing")
-def test_systemd_analyze_verify_passes_without_warnings(tmp_path: Path) -> None:
+@pytest.mark.parametrize("source", [UNIT, INGRESS_UNIT], ids=lambda path: path.name)
+def test_systemd_analyze_verify_passes_without_warnings(tmp_path: Path, source: Path) -> None:
     # verify checks that ExecStart exists: point it at this checkout's botctl.
     botctl = Path(sys.executable).parent / "botctl"
-    text = UNIT.read_text().replace("/opt/bot/.venv/bin/botctl", str(botctl))
+    text = source.read_text().replace("/opt/bot/.venv/bin/botctl", str(botctl))
     text = text.replace("EnvironmentFile=/etc/bot/", "EnvironmentFile=-/etc/bot/")
-    unit = tmp_path / "bot.service"
+    unit = tmp_path / source.name
     unit.write_text(text)
     result = subprocess.run(
         ["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, timeout=60
