@@ -56,6 +56,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime as dt
+import functools
 import json
 import math
 import os
@@ -175,13 +176,24 @@ async def drain(app_turns: Any, db_url: str, since: dt.datetime, timeout_s: floa
         await engine.dispose()
 
 
+AUTOGROUP = Path("/proc/sys/kernel/sched_autogroup_enabled")
+
+
 def start_ingress_process(
-    sections: dict[str, Any], log_path: Path, nice: int = 0
+    sections: dict[str, Any], log_path: Path, nice: int = 0, *, own_group: bool = False
 ) -> tuple[subprocess.Popen[bytes], str]:
     """A real ``botctl serve`` that only acknowledges (``workers.run_turns = false``).
 
     ``nice``: its scheduling priority (negative: ahead of the turns' and the engine's
     processes when the CPU is short, as systemd's ``Nice=`` would set it; needs root).
+
+    ``own_group``: in a session of its own, as systemd runs each unit in a cgroup of
+    its own. Where the kernel groups tasks by session for the scheduler (autogroup,
+    /proc/sys/kernel/sched_autogroup_enabled), a nice value orders tasks only within
+    their group, and the groups share the CPU by their own weights: PostgreSQL's
+    backends, each in a session of its own, each weigh as much as the benchmark's
+    whole session (engine, turns, client). ``nice`` then goes to the ingress's group
+    too (/proc/PID/autogroup), as ``CPUWeight=`` sets a unit's cgroup weight.
     """
     port = free_port()
     env = {
@@ -197,9 +209,12 @@ def start_ingress_process(
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,
+            start_new_session=own_group,
         )
     if nice:
         os.setpriority(os.PRIO_PROCESS, process.pid, nice)
+        if own_group and AUTOGROUP.exists() and AUTOGROUP.read_text().strip() == "1":
+            Path(f"/proc/{process.pid}/autogroup").write_text(str(nice))
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -303,7 +318,13 @@ async def run(args: argparse.Namespace, workdir: Path, db_url: str) -> None:
         if is_sqlite(db_url):
             raise SystemExit("--ingress-process needs --database postgresql+asyncpg://...")
         ingress, base = await asyncio.to_thread(
-            start_ingress_process, sections, workdir / "ingress.log", args.ingress_nice
+            functools.partial(
+                start_ingress_process,
+                sections,
+                workdir / "ingress.log",
+                args.ingress_nice,
+                own_group=args.ingress_group,
+            )
         )
     key = await bench_key(db_url, f"bench-{uuid.uuid4().hex[:6]}")
 
@@ -325,7 +346,9 @@ async def run(args: argparse.Namespace, workdir: Path, db_url: str) -> None:
     if ingress is not None:
         print(
             "# acks from an ingress-only `botctl serve` (nice"
-            f" {args.ingress_nice}); turns run in this process"
+            f" {args.ingress_nice}"
+            f"{', a scheduling group of its own' if args.ingress_group else ''});"
+            " turns run in this process"
         )
     print("rate/s  channel   sent  ack_p50_ms  ack_p99_ms  ack_max_ms  refused  lost")
     first_over: float | None = None
@@ -469,6 +492,12 @@ if __name__ == "__main__":
         type=int,
         default=0,
         help="the ingress process's nice value (e.g. -5: ahead of the turns when CPU is short)",
+    )
+    parser.add_argument(
+        "--ingress-group",
+        action="store_true",
+        help="the ingress process in a session (scheduling group) of its own, as systemd runs"
+        " a unit; --ingress-nice then sets the group's nice too",
     )
     arguments = parser.parse_args()
     arguments.client_loop = arguments.client_loop or arguments.loop
