@@ -220,17 +220,19 @@ class CpuWaits:
     thread had it. A late loop whose thread did not wait had more work than time.
     """
 
-    def __init__(self, threads: dict[str, tuple[int, int]]) -> None:
-        self._threads = threads  # name -> (pid, tid)
+    def __init__(self, threads: dict[str, list[tuple[int, int]]]) -> None:
+        self._threads = threads  # name -> its threads' (pid, tid), summed in one line
         self._started: dict[str, tuple[int, int]] = {}
         self._wall_started = 0.0
 
     def _read(self) -> dict[str, tuple[int, int]]:
         read: dict[str, tuple[int, int]] = {}
-        for name, (pid, tid) in self._threads.items():
-            with contextlib.suppress(OSError):
-                fields = Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()
-                read[name] = (int(fields[0]), int(fields[1]))
+        for name, threads in self._threads.items():
+            for pid, tid in threads:
+                with contextlib.suppress(OSError):
+                    fields = Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()
+                    ran, waited = read.get(name, (0, 0))
+                    read[name] = (ran + int(fields[0]), waited + int(fields[1]))
         return read
 
     def start(self) -> None:
@@ -255,6 +257,22 @@ class CpuWaits:
 def is_postgres(process: psutil.Process) -> bool:
     """A PostgreSQL server process: a connection's backend or a background one."""
     return process.name() == "postgres"
+
+
+def postgres_backends_of(pid: int) -> list[int]:
+    """The PostgreSQL backends serving process ``pid``'s TCP connections (its pools'),
+    matched by the ports at the two ends."""
+    with contextlib.suppress(psutil.Error):
+        ports = {c.laddr.port for c in psutil.Process(pid).net_connections("tcp") if c.raddr}
+        backends = []
+        for process in psutil.process_iter():
+            with contextlib.suppress(psutil.Error):
+                if is_postgres(process) and any(
+                    c.raddr and c.raddr.port in ports for c in process.net_connections("tcp")
+                ):
+                    backends.append(process.pid)
+        return backends
+    return []
 
 
 def postgres_cpu_ms() -> float:

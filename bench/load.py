@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import datetime as dt
 import functools
 import json
@@ -70,6 +71,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import psutil
 from harness import (
     LOOPS,
     CpuByProcess,
@@ -78,8 +80,10 @@ from harness import (
     add_model_arguments,
     bench_key,
     engine_processes,
+    is_postgres,
     model_name,
     percentile,
+    postgres_backends_of,
     postgres_cpu_ms,
     run_on,
     scratch_database,
@@ -177,6 +181,19 @@ async def drain(app_turns: Any, db_url: str, since: dt.datetime, timeout_s: floa
 
 
 AUTOGROUP = Path("/proc/sys/kernel/sched_autogroup_enabled")
+
+
+def renice_postgres(nice: int) -> None:
+    """Every PostgreSQL server process on this host at ``nice``, and its scheduling group
+    (each backend is a session of its own: where the kernel groups tasks by session, its
+    group's weight is what counts against the benchmark's), as ``CPUWeight=`` on
+    postgresql.service would put the database ahead of the engine. Needs root."""
+    for process in psutil.process_iter():
+        with contextlib.suppress(psutil.Error, OSError):
+            if is_postgres(process):
+                os.setpriority(os.PRIO_PROCESS, process.pid, nice)
+                if AUTOGROUP.exists() and AUTOGROUP.read_text().strip() == "1":
+                    Path(f"/proc/{process.pid}/autogroup").write_text(str(nice))
 
 
 def start_ingress_process(
@@ -350,6 +367,8 @@ async def run(args: argparse.Namespace, workdir: Path, db_url: str) -> None:
             f"{', a scheduling group of its own' if args.ingress_group else ''});"
             " turns run in this process"
         )
+    if args.postgres_nice:
+        print(f"# PostgreSQL's processes and their groups at nice {args.postgres_nice}")
     print("rate/s  channel   sent  ack_p50_ms  ack_p99_ms  ack_max_ms  refused  lost")
     first_over: float | None = None
     accepted: dict[str, int] = dict.fromkeys(channels, 0)
@@ -375,8 +394,16 @@ async def run(args: argparse.Namespace, workdir: Path, db_url: str) -> None:
                 processes[client.pid] = "client process"
             if fakes.pid is not None:
                 processes[fakes.pid] = "fakes process"
-            threads = {"service loop thread": (os.getpid(), threading.get_native_id())}
-            threads |= {f"{name}'s main thread": (pid, pid) for pid, name in processes.items()}
+            threads = {"service loop thread": [(os.getpid(), threading.get_native_id())]}
+            threads |= {f"{name}'s main thread": [(pid, pid)] for pid, name in processes.items()}
+            # The statements run there: a backend waiting for a CPU holds an ack or a turn.
+            for pid, name in [(os.getpid(), "service"), *processes.items()]:
+                if backends := postgres_backends_of(pid):
+                    threads[f"{name}'s {len(backends)} PostgreSQL backends, summed,"] = [
+                        (backend, backend) for backend in backends
+                    ]
+            if args.postgres_nice:
+                renice_postgres(args.postgres_nice)
             cpu_waits = CpuWaits(threads)
             cpu_by_process = CpuByProcess(processes)
             for rate in rates:
@@ -422,6 +449,8 @@ async def run(args: argparse.Namespace, workdir: Path, db_url: str) -> None:
                 if first_over is None and p99 > ACK_P99_GOAL_MS:
                     first_over = rate
     finally:
+        if args.postgres_nice:
+            renice_postgres(0)  # the server is the host's: as it was before
         if ingress is not None:
             ingress.terminate()
             await asyncio.to_thread(ingress.wait, 30)
@@ -492,6 +521,13 @@ if __name__ == "__main__":
         type=int,
         default=0,
         help="the ingress process's nice value (e.g. -5: ahead of the turns when CPU is short)",
+    )
+    parser.add_argument(
+        "--postgres-nice",
+        type=int,
+        default=0,
+        help="the PostgreSQL server's processes' nice value and their groups' (e.g. -10: the"
+        " database ahead of the engine when the CPU is short), set once the pools are open",
     )
     parser.add_argument(
         "--ingress-group",
