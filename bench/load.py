@@ -398,7 +398,7 @@ async def run(args: argparse.Namespace, workdir: Path, db_url: str) -> None:
             threads |= {f"{name}'s main thread": [(pid, pid)] for pid, name in processes.items()}
             # The statements run there: a backend waiting for a CPU holds an ack or a turn.
             for pid, name in [(os.getpid(), "service"), *processes.items()]:
-                if backends := postgres_backends_of(pid):
+                if not is_sqlite(db_url) and (backends := postgres_backends_of(pid)):
                     threads[f"{name}'s {len(backends)} PostgreSQL backends, summed,"] = [
                         (backend, backend) for backend in backends
                     ]
