@@ -115,6 +115,7 @@ def test_the_ingress_unit_runs_no_turn_on_a_port_of_its_own(
 ) -> None:
     from bot.config import ServerSettings, load_settings
 
+    monkeypatch.delenv("BOT_CONFIG", raising=False)
     monkeypatch.setenv("BOT_DATABASE__URL", "postgresql+asyncpg://bot@127.0.0.1/bot")
     for assignment in unit_settings(INGRESS_UNIT)["Environment"]:
         name, _, value = assignment.partition("=")

@@ -473,3 +473,32 @@ async def test_stopping_the_claims_ends_loops_whose_cancellation_came_out_as_ano
         for task in claims._tasks:
             task.cancel()
         await engine.dispose()
+
+
+@pytest.mark.parametrize("started", [True, False], ids=["worker", "never_started"])
+async def test_closing_hands_back_the_queued_turns_claimed_here_only_if_it_claimed(
+    pg_url: str, started: bool
+) -> None:
+    """A worker's stop frees the queued turns it claimed but did not start, for the others
+    to take at once; claims never started (an ingress-only process, perhaps given the same
+    ``workers.id`` in a shared bot.toml) claimed nothing and leave such a lease be."""
+    engine = create_engine(pg_url)
+    sessions = create_sessionmaker(engine)
+    claims = LeasedClaims(sessions, worker_id="w1", lease_s=30, poll_interval_s=30)
+    try:
+        async with sessions() as session, session.begin():
+            turn = await add_turn(
+                session,
+                "c1",
+                lease_owner="w1",
+                lease_expires_at=await database_now(session) + dt.timedelta(seconds=30),
+            )
+        if started:
+            claims.start(lambda _conversation_id: None, lambda _turn_id: False)
+        await claims.close()
+        async with sessions() as session:
+            row = await session.get_one(Turn, turn.id)
+        assert row.status == TurnStatus.QUEUED
+        assert row.lease_owner == (None if started else "w1")
+    finally:
+        await engine.dispose()
