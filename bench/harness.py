@@ -222,17 +222,16 @@ class CpuWaits:
 
     def __init__(self, threads: dict[str, list[tuple[int, int]]]) -> None:
         self._threads = threads  # name -> its threads' (pid, tid), summed in one line
-        self._started: dict[str, tuple[int, int]] = {}
+        self._started: dict[tuple[int, int], tuple[int, int]] = {}
         self._wall_started = 0.0
 
-    def _read(self) -> dict[str, tuple[int, int]]:
-        read: dict[str, tuple[int, int]] = {}
-        for name, threads in self._threads.items():
+    def _read(self) -> dict[tuple[int, int], tuple[int, int]]:
+        read: dict[tuple[int, int], tuple[int, int]] = {}
+        for threads in self._threads.values():
             for pid, tid in threads:
                 with contextlib.suppress(OSError):
                     fields = Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()
-                    ran, waited = read.get(name, (0, 0))
-                    read[name] = (ran + int(fields[0]), waited + int(fields[1]))
+                    read[pid, tid] = (int(fields[0]), int(fields[1]))
         return read
 
     def start(self) -> None:
@@ -240,12 +239,17 @@ class CpuWaits:
         self._wall_started = time.perf_counter()
 
     def stop(self) -> list[str]:
-        """One line a thread: ms on a CPU, ms waiting for one, the wait's share of the wall."""
+        """One line a name: ms on a CPU, ms waiting for one, the wait's share of the wall
+        (summed over its threads; one that ended meanwhile counts for nothing)."""
         wall_ms = (time.perf_counter() - self._wall_started) * 1000
+        now = self._read()
         lines = []
-        for name, (ran, waited) in self._read().items():
-            ran0, waited0 = self._started.get(name, (ran, waited))
-            ran_ms, waited_ms = (ran - ran0) / 1e6, (waited - waited0) / 1e6
+        for name, threads in self._threads.items():
+            both = [thread for thread in threads if thread in now and thread in self._started]
+            if not both:
+                continue
+            ran_ms = sum(now[t][0] - self._started[t][0] for t in both) / 1e6
+            waited_ms = sum(now[t][1] - self._started[t][1] for t in both) / 1e6
             lines.append(
                 f"{name} on a CPU {ran_ms:.0f} ms, runnable but waiting for one"
                 f" {waited_ms:.0f} ms ({100 * waited_ms / max(wall_ms, 1e-9):.1f} % of"
@@ -260,15 +264,16 @@ def is_postgres(process: psutil.Process) -> bool:
 
 
 def postgres_backends_of(pid: int) -> list[int]:
-    """The PostgreSQL backends serving process ``pid``'s TCP connections (its pools'),
-    matched by the ports at the two ends."""
+    """The PostgreSQL backends serving process ``pid``'s TCP connections (its pools'):
+    a backend whose connection's two ends are one of ``pid``'s, the other way round.
+    Reading other users' sockets needs root: without it, none are found."""
     with contextlib.suppress(psutil.Error):
-        ports = {c.laddr.port for c in psutil.Process(pid).net_connections("tcp") if c.raddr}
+        ends = {(c.laddr, c.raddr) for c in psutil.Process(pid).net_connections("tcp") if c.raddr}
         backends = []
         for process in psutil.process_iter():
             with contextlib.suppress(psutil.Error):
                 if is_postgres(process) and any(
-                    c.raddr and c.raddr.port in ports for c in process.net_connections("tcp")
+                    c.raddr and (c.raddr, c.laddr) in ends for c in process.net_connections("tcp")
                 ):
                     backends.append(process.pid)
         return backends

@@ -183,17 +183,55 @@ async def drain(app_turns: Any, db_url: str, since: dt.datetime, timeout_s: floa
 AUTOGROUP = Path("/proc/sys/kernel/sched_autogroup_enabled")
 
 
-def renice_postgres(nice: int) -> None:
+def autogroups() -> bool:
+    """Whether the kernel groups tasks by session for the scheduler (autogroup)."""
+    return AUTOGROUP.exists() and AUTOGROUP.read_text().strip() == "1"
+
+
+def set_nice(pid: int, nice: int, group_nice: int | None) -> None:
+    """``pid``'s nice value and, where tasks are grouped by session, its group's."""
+    os.setpriority(os.PRIO_PROCESS, pid, nice)
+    if group_nice is not None and autogroups():
+        Path(f"/proc/{pid}/autogroup").write_text(str(group_nice))
+
+
+def group_nice_of(pid: int) -> int | None:
+    """The nice value of ``pid``'s session group ("/autogroup-5 nice 0"), if tasks are grouped."""
+    if not autogroups():
+        return None
+    return int(Path(f"/proc/{pid}/autogroup").read_text().split()[-1])
+
+
+def renice_postgres(nice: int) -> dict[int, tuple[int, int | None]]:
     """Every PostgreSQL server process on this host at ``nice``, and its scheduling group
     (each backend is a session of its own: where the kernel groups tasks by session, its
     group's weight is what counts against the benchmark's), as ``CPUWeight=`` on
-    postgresql.service would put the database ahead of the engine. Needs root."""
-    for process in psutil.process_iter():
-        with contextlib.suppress(psutil.Error, OSError):
-            if is_postgres(process):
-                os.setpriority(os.PRIO_PROCESS, process.pid, nice)
-                if AUTOGROUP.exists() and AUTOGROUP.read_text().strip() == "1":
-                    Path(f"/proc/{process.pid}/autogroup").write_text(str(nice))
+    postgresql.service would put the database ahead of the engine. Needs root.
+
+    Returns each changed process's values before, for ``restore_nice``; refuses (and
+    puts back what it changed) unless it could change them all.
+    """
+    before: dict[int, tuple[int, int | None]] = {}
+    try:
+        for process in psutil.process_iter():
+            with contextlib.suppress(psutil.NoSuchProcess):
+                if is_postgres(process):
+                    old = (process.nice(), group_nice_of(process.pid))
+                    set_nice(process.pid, nice, nice)
+                    before[process.pid] = old
+    except (psutil.AccessDenied, PermissionError) as exc:
+        restore_nice(before)
+        raise SystemExit(f"--postgres-nice: {exc} (needs root)") from exc
+    if not before:
+        raise SystemExit("--postgres-nice: no PostgreSQL server process on this host")
+    return before
+
+
+def restore_nice(before: dict[int, tuple[int, int | None]]) -> None:
+    """Put back the values ``renice_postgres`` changed (of the processes still there)."""
+    for pid, (nice, group_nice) in before.items():
+        with contextlib.suppress(ProcessLookupError, FileNotFoundError):
+            set_nice(pid, nice, group_nice)
 
 
 def start_ingress_process(
@@ -228,23 +266,27 @@ def start_ingress_process(
             stderr=subprocess.STDOUT,
             start_new_session=own_group,
         )
-    if nice:
-        os.setpriority(os.PRIO_PROCESS, process.pid, nice)
-        if own_group and AUTOGROUP.exists() and AUTOGROUP.read_text().strip() == "1":
-            Path(f"/proc/{process.pid}/autogroup").write_text(str(nice))
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise SystemExit(f"the ingress process exited ({process.returncode}): see {log_path}")
-        try:
-            with urllib.request.urlopen(f"{base}/readyz", timeout=2) as response:
-                if response.status == 200:
-                    return process, base
-        except OSError:
-            time.sleep(0.3)
-    process.kill()
-    raise SystemExit(f"the ingress process was not ready in 120 s: see {log_path}")
+    try:
+        if nice:
+            set_nice(process.pid, nice, nice if own_group else None)
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                raise SystemExit(
+                    f"the ingress process exited ({process.returncode}): see {log_path}"
+                )
+            try:
+                with urllib.request.urlopen(f"{base}/readyz", timeout=2) as response:
+                    if response.status == 200:
+                        return process, base
+            except OSError:
+                time.sleep(0.3)
+        raise SystemExit(f"the ingress process was not ready in 120 s: see {log_path}")
+    except BaseException:
+        # In a session of its own, no Ctrl-C of the benchmark's reaches it.
+        process.kill()
+        raise
 
 
 def platform_settings(urls: FakeUrls) -> dict[str, Any]:
@@ -331,6 +373,7 @@ async def run(args: argparse.Namespace, workdir: Path, db_url: str) -> None:
     app = await create_app(settings, engine=engine)
     runner, base = await serve_on_loopback(app)
     ingress: subprocess.Popen[bytes] | None = None
+    reniced: dict[int, tuple[int, int | None]] = {}
     if args.ingress_process:
         if is_sqlite(db_url):
             raise SystemExit("--ingress-process needs --database postgresql+asyncpg://...")
@@ -343,7 +386,12 @@ async def run(args: argparse.Namespace, workdir: Path, db_url: str) -> None:
                 own_group=args.ingress_group,
             )
         )
-    key = await bench_key(db_url, f"bench-{uuid.uuid4().hex[:6]}")
+    try:
+        key = await bench_key(db_url, f"bench-{uuid.uuid4().hex[:6]}")
+    except BaseException:
+        if ingress is not None:  # in a session of its own: nothing else stops it
+            ingress.kill()
+        raise
 
     rates = [float(r) for r in args.rates.split(",")]
     since = dt.datetime.now(dt.UTC)
@@ -403,7 +451,7 @@ async def run(args: argparse.Namespace, workdir: Path, db_url: str) -> None:
                         (backend, backend) for backend in backends
                     ]
             if args.postgres_nice:
-                renice_postgres(args.postgres_nice)
+                reniced = renice_postgres(args.postgres_nice)
             cpu_waits = CpuWaits(threads)
             cpu_by_process = CpuByProcess(processes)
             for rate in rates:
@@ -449,8 +497,7 @@ async def run(args: argparse.Namespace, workdir: Path, db_url: str) -> None:
                 if first_over is None and p99 > ACK_P99_GOAL_MS:
                     first_over = rate
     finally:
-        if args.postgres_nice:
-            renice_postgres(0)  # the server is the host's: as it was before
+        restore_nice(reniced)  # the server is the host's: as it was before
         if ingress is not None:
             ingress.terminate()
             await asyncio.to_thread(ingress.wait, 30)
