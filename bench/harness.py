@@ -15,7 +15,7 @@ import os
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable
 from pathlib import Path
 from typing import Any, Self
 
@@ -263,21 +263,25 @@ def is_postgres(process: psutil.Process) -> bool:
     return process.name() == "postgres"
 
 
-def postgres_backends_of(pid: int) -> list[int]:
-    """The PostgreSQL backends serving process ``pid``'s TCP connections (its pools'):
-    a backend whose connection's two ends are one of ``pid``'s, the other way round.
-    Reading other users' sockets needs root: without it, none are found."""
+def postgres_backends_of(pids: Iterable[int]) -> dict[int, list[int]]:
+    """The PostgreSQL backends serving each of ``pids``' TCP connections (their pools'):
+    a backend whose connection's two ends are one of the process's, the other way round.
+    One read of the host's connections for all of them; other users' sockets are named
+    only for root: without it, none are found."""
+    backends: dict[int, list[int]] = {pid: [] for pid in pids}
     with contextlib.suppress(psutil.Error):
-        ends = {(c.laddr, c.raddr) for c in psutil.Process(pid).net_connections("tcp") if c.raddr}
-        backends = []
+        connections = [c for c in psutil.net_connections("tcp") if c.raddr and c.pid]
+        client_of = {(c.laddr, c.raddr): c.pid for c in connections if c.pid in backends}
+        postgres = set()
         for process in psutil.process_iter():
             with contextlib.suppress(psutil.Error):
-                if is_postgres(process) and any(
-                    c.raddr and (c.raddr, c.laddr) in ends for c in process.net_connections("tcp")
-                ):
-                    backends.append(process.pid)
-        return backends
-    return []
+                if is_postgres(process):
+                    postgres.add(process.pid)
+        for c in connections:
+            client = client_of.get((c.raddr, c.laddr))
+            if c.pid in postgres and client is not None:
+                backends[client].append(c.pid)
+    return backends
 
 
 def postgres_cpu_ms() -> float:

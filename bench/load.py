@@ -183,6 +183,7 @@ async def drain(app_turns: Any, db_url: str, since: dt.datetime, timeout_s: floa
 AUTOGROUP = Path("/proc/sys/kernel/sched_autogroup_enabled")
 
 
+@functools.cache
 def autogroups() -> bool:
     """Whether the kernel groups tasks by session for the scheduler (autogroup)."""
     return AUTOGROUP.exists() and AUTOGROUP.read_text().strip() == "1"
@@ -445,9 +446,11 @@ async def run(args: argparse.Namespace, workdir: Path, db_url: str) -> None:
             threads = {"service loop thread": [(os.getpid(), threading.get_native_id())]}
             threads |= {f"{name}'s main thread": [(pid, pid)] for pid, name in processes.items()}
             # The statements run there: a backend waiting for a CPU holds an ack or a turn.
-            for pid, name in [(os.getpid(), "service"), *processes.items()]:
-                if not is_sqlite(db_url) and (backends := postgres_backends_of(pid)):
-                    threads[f"{name}'s {len(backends)} PostgreSQL backends, summed,"] = [
+            named = {os.getpid(): "service", **processes}
+            found = {} if is_sqlite(db_url) else postgres_backends_of(named)
+            for pid, backends in found.items():
+                if backends:
+                    threads[f"{named[pid]}'s {len(backends)} PostgreSQL backends, summed,"] = [
                         (backend, backend) for backend in backends
                     ]
             if args.postgres_nice:
