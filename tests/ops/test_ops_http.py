@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
+import threading
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -11,7 +15,7 @@ from typing import Any
 import asyncpg
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
-from sqlalchemy import update
+from sqlalchemy import make_url, update
 
 from bot.apikeys import REFRESH_EVERY_S
 from bot.app import create_app
@@ -19,6 +23,7 @@ from bot.engine.base import GenerationChunk, GenerationRequest
 from bot.engine.settings import EngineSettings
 from bot.errors import EngineError, ErrorClass
 from bot.http.keys import DB_PROBE, TURNS
+from bot.http.ops import READY_CHECK_TIMEOUT_S
 from bot.metrics import note_rate_limited
 from bot.recent_answer import FRESH_S
 from bot.storage.db import create_engine, create_probe_engine, create_sessionmaker, is_sqlite
@@ -150,6 +155,71 @@ async def test_readyz_stays_200_when_the_server_cut_its_kept_connection(
     response = await client.get("/readyz")
     assert response.status == 200, await response.text()
     assert (await client.get("/readyz")).status == 200
+
+
+async def _probe_backend(db_url: str) -> int:
+    """The server process of the readiness check's kept connection."""
+    url = make_url(db_url).set(drivername="postgresql")
+    admin = await asyncpg.connect(url.render_as_string(hide_password=False))
+    try:
+        pids = await admin.fetch(
+            "SELECT pid FROM pg_stat_activity WHERE datname = $1 AND query = 'SELECT 1'"
+            " AND pid <> pg_backend_pid()",
+            url.database,
+        )
+    finally:
+        await admin.close()
+    assert len(pids) == 1, pids
+    return int(pids[0]["pid"])
+
+
+@pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
+async def test_readyz_does_not_count_the_event_loops_lag_against_the_database(
+    db_url: str, make_client: MakeClient
+) -> None:
+    """A busy process reads the database's answer late: that is not the database failing.
+    Here the answer comes 0.3 s late while the event loop is held for longer than the
+    check's whole timeout (as 150 requests arriving at once held it in CI)."""
+    client = await make_client(db_url, workers={"poll_interval_s": 60})
+    await asyncio.sleep(FRESH_S)
+    assert (await client.get("/readyz")).status == 200  # the probe's connection is kept
+    backend = await _probe_backend(db_url)
+    os.kill(backend, signal.SIGSTOP)  # the server takes its time: the check surely waits
+    resume = threading.Timer(0.3, os.kill, (backend, signal.SIGCONT))
+    resume.start()
+    try:
+        loop = asyncio.get_running_loop()
+        loop.call_later(0.05, time.sleep, READY_CHECK_TIMEOUT_S + 0.5)  # the loop held
+        response = await client.get("/readyz")
+    finally:
+        resume.join()
+    assert response.status == 200, await response.text()
+
+
+@pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
+async def test_readyz_is_503_when_the_database_holds_the_connection_but_never_answers(
+    db_url: str, make_client: MakeClient
+) -> None:
+    """A server that keeps the connection open and does not answer (stopped, swapped out,
+    stuck) is reported after the check's timeout, and ready again once it answers."""
+    client = await make_client(db_url, workers={"poll_interval_s": 60})
+    await asyncio.sleep(FRESH_S)
+    assert (await client.get("/readyz")).status == 200
+    backend = await _probe_backend(db_url)
+    os.kill(backend, signal.SIGSTOP)
+    try:
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        response = await client.get("/readyz")
+        took = loop.time() - began
+    finally:
+        os.kill(backend, signal.SIGCONT)
+    assert response.status == 503
+    assert (await response.json())["reason"] == "database: not answering"
+    assert READY_CHECK_TIMEOUT_S <= took < READY_CHECK_TIMEOUT_S + 1.0
+    await asyncio.sleep(FRESH_S)
+    response = await client.get("/readyz")
+    assert response.status == 200, await response.text()
 
 
 async def test_metrics_need_an_admin_scope_key_on_the_main_port(
