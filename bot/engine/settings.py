@@ -22,6 +22,8 @@ class EngineSettings(_Section):
     """Hugging Face model id or local folder (the default is built by ``botctl demo-model``)."""
     tokenizer: str | None = None
     dtype: str = "auto"
+    """vLLM's dtype; "auto" is the checkpoint's, except float32 for bfloat16 weights on a
+    CPU that would emulate bfloat16 (``bot.engine.cpu_dtype``)."""
     max_model_len: int = Field(2048, gt=0)
     block_size: int = Field(32, gt=0)
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from bot.engine.base import EngineTimings, GenerationChunk, GenerationRequest
+from bot.engine.cpu_dtype import resolve_dtype
 from bot.engine.process_priority import descendants, lower_priority, move_core_onto_worker_cpus
 from bot.engine.settings import EngineSettings
 from bot.errors import EngineError, ErrorClass
@@ -70,12 +71,14 @@ class LocalVLLMEngine:
             # Read by vLLM's CPU worker (a spawned child that inherits the environment).
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(settings.cpu_kvcache_space_gib))
         from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.platforms import current_platform
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        dtype = resolve_dtype(settings.dtype, settings.model, on_gpu=not current_platform.is_cpu())
         args = AsyncEngineArgs(
             model=settings.model,
             tokenizer=settings.tokenizer,
-            dtype=settings.dtype,  # type: ignore[arg-type]
+            dtype=dtype,  # type: ignore[arg-type]
             max_model_len=settings.max_model_len,
             block_size=settings.block_size,
             gpu_memory_utilization=settings.gpu_memory_utilization,
@@ -83,7 +86,7 @@ class LocalVLLMEngine:
             seed=settings.seed,
             enable_prefix_caching=True,
         )
-        log.info("engine_starting", model=settings.model, kind="local")
+        log.info("engine_starting", model=settings.model, kind="local", dtype=dtype)
         started_before = descendants()
         try:
             self._llm = AsyncLLM.from_engine_args(args)
