@@ -17,6 +17,7 @@ get their final event instead of being cut off.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Coroutine
 from dataclasses import dataclass
@@ -41,6 +42,9 @@ event loop was free to read it (``_answered_within``)."""
 LAG_STEP_S = 0.1
 """How often a check looks at its clock: a step that took longer than this was the loop's
 lag, and only the step itself counts against the dependency."""
+READY_CHECK_CEILING_S = 8.0
+"""The longest a check waits on the wall clock, however late the loop: an answer to a
+load balancer must come at some point (and the handler not pile up)."""
 
 
 @dataclass
@@ -92,40 +96,37 @@ async def readiness(app: web.Application) -> str | None:
 
 
 async def _answered_within(check: Coroutine[Any, Any, None], budget_s: float) -> None:
-    """Run ``check``; raise ``TimeoutError`` once it has had ``budget_s`` of the event
-    loop's time without finishing.
+    """Run ``check``; raise ``TimeoutError`` once it has waited ``budget_s`` in steps of
+    ``LAG_STEP_S``, a step that took longer counting as the step alone, or at the latest
+    after ``READY_CHECK_CEILING_S`` of wall clock.
 
     A plain timeout counts the time the loop was busy elsewhere against the dependency:
     with 150 requests arriving at once the loop fell seconds behind, the database's answer
     sat unread in the socket, and a check that took milliseconds of the server's time
-    reported "not answering" (one ``/readyz`` in 15, in one CI run of five). Here a step
-    of ``LAG_STEP_S`` that took longer counts as the step alone: a dependency that does not
-    answer is still reported after ``budget_s``, or later by the loop's lag.
+    reported "not answering" (one ``/readyz`` in 15, in one CI run of five). Here the
+    loop's lag beyond each step is not counted: a dependency that does not answer is
+    still reported after ``budget_s``, later by the loop's lag, never after the ceiling.
     """
-    loop = asyncio.get_running_loop()
-    task = asyncio.ensure_future(check)
-    counted = 0.0
+    task = asyncio.create_task(check)
+    # From here on its outcome is retrieved whoever gives up on it (bot.http.ops._unwound).
+    _unwinding.add(task)
+    task.add_done_callback(_unwound)
     try:
-        while counted < budget_s:
-            step = min(LAG_STEP_S, budget_s - counted)
-            began = loop.time()
-            await asyncio.wait((task,), timeout=step)
-            if task.done():
-                task.result()  # its exception, if it raised
-                return
-            counted += min(loop.time() - began, step)
+        async with asyncio.timeout(READY_CHECK_CEILING_S):
+            for _ in range(math.ceil(budget_s / LAG_STEP_S)):
+                await asyncio.wait((task,), timeout=LAG_STEP_S)
+                if task.done():
+                    task.result()  # its exception, if it raised
+                    return
         raise TimeoutError(f"no answer in {budget_s} s of the event loop's time")
     finally:
-        if not task.done():
-            # Unwinds on its own: a cancelled asyncpg statement whose server does not answer
-            # took 2 s more to give its connection up, and the answer is due now.
-            task.cancel()
-            _unwinding.add(task)
-            task.add_done_callback(_unwound)
+        # A check given up on unwinds on its own: a cancelled asyncpg statement whose server
+        # does not answer took 2 s more to give its connection up, and the answer is due now.
+        task.cancel()
 
 
 _unwinding: set[asyncio.Task[None]] = set()
-"""Checks given up on and still unwinding: the loop keeps only weak references to tasks."""
+"""Checks running or unwinding: the loop keeps only weak references to tasks."""
 
 
 def _unwound(task: asyncio.Task[None]) -> None:
