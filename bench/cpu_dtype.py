@@ -58,7 +58,7 @@ async def measure(model: str, dtype: str, tokens: int) -> list[float]:
 
 async def main(args: argparse.Namespace) -> None:
     own = checkpoint_dtype(Path(args.model)) or "auto"
-    resolved = resolve_dtype("auto", args.model, on_gpu=False)
+    resolved = resolve_dtype("auto", args.model, on_cpu=True)
     print(f"# {args.model}: checkpoint {own}; 'auto' resolves to {resolved} on this CPU")
     print("dtype                         1 chat tok/s  4 chats tok/s")
     for label, dtype in (

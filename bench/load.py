@@ -499,7 +499,8 @@ async def run(args: argparse.Namespace, workdir: Path, db_url: str) -> None:
                 if still_open:
                     print(
                         f"{'':6}  {still_open} turns still open after --drain-s"
-                        f" {args.drain_s:g}: lost not known (the engine is slower than this rate)"
+                        f" {args.drain_s:g}: lost not known (the engine is slower than the"
+                        " arrivals so far)"
                     )
                 print(
                     f"{'':6}  loop lag while they arrived: p50 {percentile(lags, 50):.1f}"

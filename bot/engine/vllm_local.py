@@ -74,7 +74,7 @@ class LocalVLLMEngine:
         from vllm.platforms import current_platform
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        dtype = resolve_dtype(settings.dtype, settings.model, on_gpu=not current_platform.is_cpu())
+        dtype = resolve_dtype(settings.dtype, settings.model, on_cpu=current_platform.is_cpu())
         args = AsyncEngineArgs(
             model=settings.model,
             tokenizer=settings.tokenizer,
