@@ -132,7 +132,7 @@ async def test_a_writer_cancelled_mid_statement_is_cancelled_and_lets_the_next_o
         other.close()
         await engine.dispose()
     assert final == 1  # the cancelled write did nothing, the follower's committed
-    assert waited < SQLITE_BUSY_TIMEOUT_MS / 1000 / 2
+    assert waited < SQLITE_BUSY_TIMEOUT_MS / 1000 / 5
 
 
 async def test_a_writer_cancelled_between_statements_rolls_back_and_lets_the_next_one_in(
@@ -187,9 +187,14 @@ async def test_a_writer_dropped_unclosed_gives_back_its_place(sqlite_url: str) -
         )
         dropped.append(session)  # and never closed nor rolled back
 
+    collected: list[float] = []
+
     def collect() -> None:
         dropped.clear()
         gc.collect()
+        # A full collection of this process (vLLM, the app) took seconds on a slow machine:
+        # the follower is timed from its end, when the place was given back.
+        collected.append(time.monotonic())
 
     loop = asyncio.get_running_loop()
     debug = loop.get_debug()
@@ -202,17 +207,17 @@ async def test_a_writer_dropped_unclosed_gives_back_its_place(sqlite_url: str) -
             follower = asyncio.create_task(write_one(sessions))
             await asyncio.sleep(0.05)  # the follower waits for the dropped write's place
             loop.set_debug(True)  # a loop call from another thread raises, not races
-            waiting = time.monotonic()
             collector = threading.Thread(target=collect)
             collector.start()
             await asyncio.wait_for(follower, SQLITE_BUSY_TIMEOUT_MS / 1000 * 3)
-            waited = time.monotonic() - waiting
+            finished = time.monotonic()
             collector.join()
+            waited = finished - collected[0]
     finally:
         loop.set_debug(debug)
         gc.enable()
         await engine.dispose()
-    assert waited < SQLITE_BUSY_TIMEOUT_MS / 1000 / 2
+    assert waited < SQLITE_BUSY_TIMEOUT_MS / 1000 / 5
 
 
 async def test_the_pool_keeps_its_connection_and_says_nothing_when_it_resets_it(
