@@ -77,21 +77,23 @@ async def readiness(app: web.Application) -> str | None:
         return "draining: the service is shutting down"
     if not state.started:
         return "starting: the engine or the turn service is not up yet"
-    try:
-        # Statements that just completed say so without a round trip, which under load
-        # would wait behind them (bot.recent_answer).
-        if not app[DB_ANSWERS].fresh():
-            await _answered_within(_database_answers(app[DB_PROBE]), READY_CHECK_TIMEOUT_S)
-    except Exception as exc:
-        log.warning("not_ready", layer="database", error=f"{type(exc).__name__}: {exc}")
-        return "database: not answering"
-    if not app[TURNS].runs_turns:
-        return None  # ingress-only: no engine here, the database is all it needs
-    try:
-        await _answered_within(app[ENGINE].check_health(), READY_CHECK_TIMEOUT_S)
-    except Exception as exc:
-        log.warning("not_ready", layer="engine", error=f"{type(exc).__name__}: {exc}")
-        return "engine: not answering"
+    checks: dict[str, Coroutine[Any, Any, None]] = {}
+    # Statements that just completed say so without a round trip, which under load would
+    # wait behind them (bot.recent_answer).
+    if not app[DB_ANSWERS].fresh():
+        checks["database"] = _database_answers(app[DB_PROBE])
+    if app[TURNS].runs_turns:  # ingress-only: no engine here, the database is all it needs
+        checks["engine"] = app[ENGINE].check_health()
+    # At once: a probe waits for the slower of the two, not for their sum (a load
+    # balancer's or Docker's probe gives up after a few seconds of its own).
+    outcomes = await asyncio.gather(
+        *(_answered_within(check, READY_CHECK_TIMEOUT_S) for check in checks.values()),
+        return_exceptions=True,
+    )
+    for layer, outcome in zip(checks, outcomes, strict=True):
+        if isinstance(outcome, BaseException):
+            log.warning("not_ready", layer=layer, error=f"{type(outcome).__name__}: {outcome}")
+            return f"{layer}: not answering"
     return None
 
 

@@ -20,6 +20,7 @@ import yaml
 
 from bot.cli import main
 from bot.config import load_settings
+from bot.http.ops import READY_CHECK_CEILING_S
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -82,6 +83,11 @@ def test_dockerfile_copies_existing_paths_runs_botctl_as_non_root_with_a_readyz_
 
     healthcheck = dict(steps)["HEALTHCHECK"]
     assert "/readyz" in healthcheck and "CMD" in healthcheck
+    # A busy service is slow to answer, not unhealthy: the probe waits out the readiness
+    # check's longest wait, and Docker waits out the probe.
+    (probe_s,) = re.findall(r"urlopen\([^)]*timeout=(\d+)", healthcheck)
+    (docker_s,) = re.findall(r"--timeout=(\d+)s", healthcheck)
+    assert READY_CHECK_CEILING_S < float(probe_s) < float(docker_s)
     exposed = dict(steps)["EXPOSE"]
     assert exposed == "8080"
     env = dict(steps)["ENV"]

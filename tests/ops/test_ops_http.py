@@ -56,6 +56,18 @@ class SickEngine:
     async def shutdown(self) -> None: ...
 
 
+class LateEngine(SickEngine):
+    """The real engine, whose health check answers ``late_s`` late."""
+
+    def __init__(self, engine: Any, late_s: float) -> None:
+        super().__init__(engine)
+        self.late_s = late_s
+
+    async def check_health(self) -> None:
+        await asyncio.sleep(self.late_s)
+        await self._engine.check_health()
+
+
 async def test_healthz_and_readyz_answer_on_a_started_app(
     sqlite_url: str, make_client: MakeClient
 ) -> None:
@@ -237,6 +249,35 @@ async def test_readyz_is_503_when_the_database_holds_the_connection_but_never_an
     await asyncio.sleep(FRESH_S)
     response = await client.get("/readyz")
     assert response.status == 200, await response.text()
+
+
+@pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
+async def test_readyz_waits_for_the_slower_check_not_for_their_sum(
+    db_url: str, make_client: MakeClient, engine: Any
+) -> None:
+    """A probe (Docker's, a load balancer's) gives up after seconds of its own: a database
+    and an engine that each answer 2 s late are ready within about 2 s, not 4."""
+    late_s = 2.0
+    client = await make_client(
+        db_url, workers={"poll_interval_s": 60}, engine_override=LateEngine(engine, late_s)
+    )
+    await asyncio.sleep(FRESH_S)
+    assert (await client.get("/readyz")).status == 200  # the probe's connection is kept
+    backend = await _probe_backend(db_url)
+    await asyncio.sleep(FRESH_S)
+    os.kill(backend, signal.SIGSTOP)
+    resume = threading.Timer(late_s, os.kill, (backend, signal.SIGCONT))
+    resume.start()
+    try:
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        response = await client.get("/readyz")
+        took = loop.time() - began
+    finally:
+        resume.cancel()
+        os.kill(backend, signal.SIGCONT)
+    assert response.status == 200, await response.text()
+    assert late_s <= took < 1.5 * late_s
 
 
 async def test_metrics_need_an_admin_scope_key_on_the_main_port(
