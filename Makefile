@@ -1,7 +1,8 @@
 # Two commands for a new user:
 #   make run    set up, pull a small real chat model (SmolLM2-135M-Instruct, once), migrate
 #               SQLite, serve on 127.0.0.1:8080
-#   make test   set up and run the whole test suite (real vLLM on CPU, SQLite and PostgreSQL)
+#   make test   set up and run the test suite's fast tier (real vLLM on CPU, SQLite and
+#               PostgreSQL); `make test-all` runs the slow tier too, as CI does
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -20,7 +21,7 @@ URL ?= http://127.0.0.1:8080
 # `make run` serves SmolLM2 unless a CONFIG file or BOT_ENGINE__MODEL names the model.
 RUN_SMOLLM2 := $(if $(CONFIG)$(BOT_ENGINE__MODEL),,yes)
 
-.PHONY: run test install model real-model lint typecheck bench lock clean
+.PHONY: run test test-slow test-all install model real-model lint typecheck bench lock clean
 
 install: $(STAMP)
 
@@ -61,7 +62,16 @@ run: install $(if $(RUN_SMOLLM2),real-model)
 	  echo "Chat in a terminal: BOT_API_KEY=$$key $(BIN)/botctl chat --url $(URL)" && echo ""; \
 	  wait $$pid
 
+# Two tiers: `make test` leaves out the slow one (processes of their own, the real model,
+# hundreds of turns; tests/conftest.py SLOW_TESTS), `make test-slow` runs it alone and
+# `make test-all` runs both, as CI does.
 test: install
+	$(BIN)/pytest -m "not slow"
+
+test-slow: install
+	$(BIN)/pytest -m slow
+
+test-all: install
 	$(BIN)/pytest
 
 lint: install

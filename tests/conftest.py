@@ -37,6 +37,35 @@ TEST_MAX_MODEL_LEN = 1024
 TEST_BLOCK_SIZE = 32
 TEST_SYSTEM_PROMPT = "You are a test assistant."
 
+# The slow tier: tests that start processes of their own (served workers, vLLM servers, the
+# real model, an engine in a subprocess) or run hundreds of turns. `make test` leaves them
+# out; `make test-slow` runs them alone, `make test-all` (what CI runs) runs both tiers.
+SLOW_TESTS = (
+    "tests/remote/",
+    "tests/realmodel/",
+    "tests/test_log_levels.py",
+    "tests/test_engine_priority.py",
+    "tests/test_chat_client.py",
+    "tests/ops/test_export_while_serving.py",
+    "tests/security/test_database_url.py",
+    "tests/test_event_streams.py::test_readers_of_a_queued_turn_who_leave",
+    "tests/turns/test_compaction.py::test_hundreds_of_turns",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.nodeid.startswith(SLOW_TESTS):
+            item.add_marker(pytest.mark.slow)
+    # A renamed file or test would quietly move into the fast tier: refuse the run instead.
+    for entry in SLOW_TESTS:
+        where = entry.split("::")[0]
+        if not Path(__file__).parent.parent.joinpath(where).exists():
+            raise pytest.UsageError(f"SLOW_TESTS names {where}, which does not exist")
+        collected = any(item.nodeid.startswith(where) for item in items)
+        if collected and not any(item.nodeid.startswith(entry) for item in items):
+            raise pytest.UsageError(f"SLOW_TESTS names {entry}, which matches no test")
+
 
 @pytest.fixture(scope="session")
 def demo_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
