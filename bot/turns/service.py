@@ -828,11 +828,17 @@ class TurnService:
         return len(self._active)
 
     async def wait_idle(self, timeout: float | None = None) -> None:  # noqa: ASYNC109
-        """Wait until every scheduled turn has finished (tests, graceful shutdown)."""
+        """Wait until every scheduled turn has finished (tests).
+
+        A wait that gives up (``timeout``) leaves the work running: ``asyncio.wait``
+        does not cancel what it waits for, as ``gather`` would have cancelled the
+        conversations' workers and left their queued turns to the next claims poll.
+        """
         async with asyncio.timeout(timeout):
             while self._workers or self._apologies:
-                pending = [*self._workers.values(), *self._apologies]
-                await asyncio.gather(*pending, return_exceptions=True)
+                done, _ = await asyncio.wait([*self._workers.values(), *self._apologies])
+                for task in done:  # retrieved here, as gather did: nothing logged at exit
+                    _ = task.cancelled() or task.exception()
 
     async def shutdown(self, grace_s: float) -> int:
         """Stop scheduling; let running turns finish within ``grace_s``, cancel the rest.
