@@ -367,13 +367,18 @@ async def main(args: argparse.Namespace) -> None:
         print(f"{name:<45} {percentile(values, 50):>7.1f}  {percentile(values, 99):>7.1f}")
     # Where the service's part goes: the turns' own layer clocks (``turns.layer_ms``).
     layers: dict[str, list[float]] = {}
+    first_layers: dict[str, list[float]] = {}
     for r in results:
         for name, value in (r.get("timings_ms") or {}).items():
             if isinstance(value, int | float):
                 layers.setdefault(name, []).append(float(value))
+                if r["turn"] == 0:
+                    first_layers.setdefault(name, []).append(float(value))
     print("layer (turns.layer_ms)  " + "  ".join(layers))
     p50s = (f"{percentile(values, 50):.1f}" for values in layers.values())
     print("  p50 ms                " + "  ".join(p50s))
+    p50s = (f"{percentile(first_layers.get(name, [0.0]), 50):.1f}" for name in layers)
+    print("  first turns, p50 ms   " + "  ".join(p50s))
     print(f"end-to-end summed over turns: service {service_e2e:.0f} ms, ", end="")
     print(f"engine direct {direct_e2e:.0f} ms, ratio {e2e_ratio:.2f}")
     print(f"wall clock: service {service_wall:.2f} s, engine direct {direct_wall:.2f} s", end="")
