@@ -15,6 +15,7 @@ from typing import Any
 import asyncpg
 import psutil
 import pytest
+from aiohttp import ClientResponse
 from aiohttp.test_utils import TestClient, TestServer
 from sqlalchemy import event, make_url, update
 
@@ -194,6 +195,14 @@ async def _probe_backend(db_url: str) -> int:
     return pid
 
 
+async def _timed_readyz(client: TestClient[Any, Any]) -> tuple[ClientResponse, float]:
+    """``/readyz``'s answer and the seconds it took."""
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    response = await client.get("/readyz")
+    return response, loop.time() - began
+
+
 @pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
 async def test_readyz_does_not_count_the_event_loops_lag_against_the_database(
     db_url: str, make_client: MakeClient
@@ -236,10 +245,7 @@ async def test_readyz_is_503_when_the_database_holds_the_connection_but_never_an
     backend = await _probe_backend(db_url)
     os.kill(backend, signal.SIGSTOP)
     try:
-        loop = asyncio.get_running_loop()
-        began = loop.time()
-        response = await client.get("/readyz")
-        took = loop.time() - began
+        response, took = await _timed_readyz(client)
     finally:
         os.kill(backend, signal.SIGCONT)
     assert response.status == 503
@@ -269,10 +275,7 @@ async def test_readyz_waits_for_the_slower_check_not_for_their_sum(
     resume = threading.Timer(late_s, os.kill, (backend, signal.SIGCONT))
     resume.start()
     try:
-        loop = asyncio.get_running_loop()
-        began = loop.time()
-        response = await client.get("/readyz")
-        took = loop.time() - began
+        response, took = await _timed_readyz(client)
     finally:
         resume.cancel()
         os.kill(backend, signal.SIGCONT)
