@@ -14,13 +14,13 @@ from tests.ops.slow_engine import SlowEngine
 
 
 async def test_a_wait_that_times_out_leaves_the_queued_turns_to_their_worker(
-    sqlite_url: str, make_client: MakeClient, engine: Any
+    db_url: str, make_client: MakeClient, engine: Any
 ) -> None:
     # The claims poll (which would start a queued turn a stopped worker left) waits a
     # minute: only the conversation's worker can answer the second message in time.
     slow = SlowEngine(engine, delay_s=0.02)
-    client = await make_client(sqlite_url, engine_override=slow, workers={"poll_interval_s": 60})
-    key = await issue_key(sqlite_url)
+    client = await make_client(db_url, engine_override=slow, workers={"poll_interval_s": 60})
+    key = await issue_key(db_url)
     streams = []
     for message_id in ("m1", "m2"):
         message = {"conversation_id": "c1", "message_id": message_id, "text": "Hi"}
