@@ -24,6 +24,11 @@ Prints
     clock a step: sent directly, the chats' turns start together and share
     steps; through the service each starts when its message has been handled,
     so the same tokens take more, emptier steps.
+  * how long the service's loop thread and vLLM's processes ran and how long
+    they were runnable but waited for a CPU while the chats ran (Linux's
+    schedstat): on 2 cores the loop shares one with the client's process while
+    vLLM's worker takes the other, and a message read while the loop waits is
+    late by that much.
 
 The HTTP client runs in a separate process with its own event loop
 (bench/turns_client.py); this process only serves (and, after, sends the same
@@ -48,15 +53,19 @@ import itertools
 import os
 import statistics
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import psutil
 from harness import (
     LOOPS,
+    CpuWaits,
     add_model_arguments,
     bench_key,
+    engine_pids,
     engine_processes,
     engine_steps,
     model_name,
@@ -210,6 +219,13 @@ async def main(args: argparse.Namespace) -> None:
 
     steps_before = engine_steps()
     cpu_before = time.process_time()
+    # Who had a CPU while the chats ran: 2 cores for this loop, vLLM's processes and the
+    # client's. A loop thread that waits for a CPU delays every message it has read.
+    waits = CpuWaits(
+        {"service loop thread": [(os.getpid(), threading.get_native_id())]}
+        | {f"{psutil.Process(pid).name()}'s main thread": [(pid, pid)] for pid in engine_pids()}
+    )
+    waits.start()
     chats: Chats
     plan = Plan(args.conversations, args.turns, args.one_request, args.pause_ms / 1000)
     if args.client_in_process:
@@ -219,6 +235,7 @@ async def main(args: argparse.Namespace) -> None:
     per_conversation, service_wall = chats.conversations, chats.wall_s
     steps_service = engine_steps()
     cpu_service = time.process_time() - cpu_before
+    waited = waits.stop()
     results = [result for conversation in per_conversation for result in conversation]
     failures = [r for r in results if r.get("kind") != "done"]
 
@@ -386,6 +403,8 @@ async def main(args: argparse.Namespace) -> None:
     # This process's CPU (service and the engine's client side; the engine core and its
     # worker are processes of their own): what the service adds on the CPU it shares.
     print(f"this process's CPU: service {cpu_service:.2f} s, engine direct {cpu_direct:.2f} s")
+    for line in waited:
+        print(f"while the chats ran through the service: {line}")
     # Why the ratio: the same tokens in more, emptier steps when the chats' turns start
     # at their own times (through the service) instead of all at once (direct).
     for name, (steps, tokens), (steps_then, tokens_then), wall in (
