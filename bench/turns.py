@@ -43,6 +43,10 @@ Run:  .venv/bin/python bench/turns.py --conversations 4 --turns 12
       add --one-request to stream each reply in its POST's response (no second request)
       add --pause-ms 500 for a person's pause before each next message (chats out of step)
       add --warm-process to serve another key's one-turn chat first (not counted)
+      add --engine-server for the engine in a vLLM server of its own, pinned to the CPU the
+          in-process engine's worker takes (``engine.kind = "openai"``, as a deployment with
+          its engine on other machines has it): vLLM's own per-request and per-token Python
+          then runs in that server, not on the service's event loop
 """
 
 from __future__ import annotations
@@ -52,12 +56,15 @@ import asyncio
 import itertools
 import os
 import statistics
+import sys
 import tempfile
 import threading
 import time
+import urllib.request
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 from harness import (
@@ -79,6 +86,8 @@ from turns_client import Chats, Plan, run_chats, run_chats_in_subprocess
 from bot.app import create_app
 from bot.config import load_settings
 from bot.engine.base import GenerationChunk, GenerationRequest
+from bot.engine.cpu_dtype import resolve_dtype
+from bot.engine.openai_remote import OpenAIRemoteEngine
 from bot.engine.settings import EngineSettings
 from bot.engine.vllm_local import LocalVLLMEngine
 from bot.log import configure_logging
@@ -86,6 +95,10 @@ from bot.storage.db import create_engine, create_sessionmaker
 from bot.storage.migrate import upgrade
 from bot.storage.models import Message, Turn
 from bot.storage.tokens import unpack_token_ids
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tests.vllm_servers import API_KEY, SERVED_MODEL_NAME, VLLMServer, launch, wait_ready
 
 
 async def stored_prompts(
@@ -120,15 +133,16 @@ async def stored_prompts(
     return prompts
 
 
-class FirstTextClock(LocalVLLMEngine):
-    """The engine, noting when each request's first token and first text reach this process.
+class FirstTextClock:
+    """An engine, noting when each request's first token and first text reach this process
+    (mixed into the in-process engine, ``LocalClock``, or the remote one, ``RemoteClock``).
 
     A token that decodes to no text yet gives a chunk with ids and no text, which the
     service does not stream: the client's first delta waits for the engine's next steps.
     """
 
     def __init__(self, settings: EngineSettings) -> None:
-        super().__init__(settings)
+        super().__init__(settings)  # type: ignore[call-arg]  # the engine's, next in line
         self.text_after_token_ms: dict[str, float] = {}
         """Per request id: ms from the chunk with its first token to the one with its first text."""
         self.asked_at: dict[str, float] = {}
@@ -143,7 +157,7 @@ class FirstTextClock(LocalVLLMEngine):
         asked = time.perf_counter()
         self.asked_at[request.request_id] = asked
         first_token: float | None = None
-        async for chunk in super().generate(request):
+        async for chunk in super().generate(request):  # type: ignore[misc]
             now = time.perf_counter()
             if chunk.token_ids and first_token is None:
                 first_token = now
@@ -153,6 +167,30 @@ class FirstTextClock(LocalVLLMEngine):
                 self.to_text_ms[request.request_id] = (now - asked) * 1000
                 self.first_text_at[request.request_id] = now
             yield chunk
+
+
+class LocalClock(FirstTextClock, LocalVLLMEngine):
+    """The in-process engine with ``FirstTextClock``'s marks."""
+
+
+class RemoteClock(FirstTextClock, OpenAIRemoteEngine):
+    """The engine in a vLLM server of its own with ``FirstTextClock``'s marks."""
+
+
+def server_steps(server: VLLMServer) -> tuple[int, int]:
+    """``engine_steps`` of a vLLM server, read off its ``/metrics``."""
+    steps = server.metric("vllm:iteration_tokens_total_count")
+    return int(steps), int(server.metric("vllm:iteration_tokens_total_sum"))
+
+
+async def reset_prefix_cache(engine: FirstTextClock, server: VLLMServer | None) -> None:
+    if server is None:
+        assert isinstance(engine, LocalClock)
+        await engine.llm.reset_prefix_cache()
+        return
+    request = urllib.request.Request(f"{server.base_url}/reset_prefix_cache", method="POST")
+    request.add_header("Authorization", f"Bearer {API_KEY}")
+    await asyncio.to_thread(lambda: urllib.request.urlopen(request, timeout=30).close())
 
 
 async def direct(
@@ -192,16 +230,60 @@ async def main(args: argparse.Namespace) -> None:
     model, dtype = served_model(args)
     db_url = f"sqlite+aiosqlite:///{workdir / 'bench.db'}"
     await asyncio.to_thread(upgrade, db_url)
+    engine_section: dict[str, Any] = {
+        "model": str(model),
+        "dtype": dtype,
+        "max_model_len": 4096,
+        "block_size": 32,
+    }
+    server: VLLMServer | None = None
+    if args.engine_server:
+        # On CPU 0 with everything it starts, where the in-process engine's worker and core
+        # run: the service and the client keep the other CPU in both layouts.
+        server = launch(
+            model,
+            workdir,
+            core=0,
+            dtype=resolve_dtype(dtype, str(model), on_cpu=True),
+            max_model_len=engine_section["max_model_len"],
+            dev_mode=True,
+            pinned=True,
+        )
+        await asyncio.to_thread(wait_ready, server, time.monotonic())
+        engine_section.update(
+            kind="openai",
+            base_urls=[server.base_url],
+            api_key=API_KEY,
+            served_model_name=SERVED_MODEL_NAME,
+        )
     settings = load_settings(
         None,
         database={"url": db_url},
-        engine={"model": str(model), "dtype": dtype, "max_model_len": 4096, "block_size": 32},
+        engine=engine_section,
         generation={"max_tokens": args.max_tokens, "temperature": 0.0, "top_p": 1.0},
         logging={"level": "WARNING"},
         # The benchmark is one key sending many messages: fair use would throttle it.
         limits={"messages_per_minute": 0, "tokens_per_day": 0},
     )
-    engine = FirstTextClock(settings.engine)
+    engine: Any = RemoteClock(settings.engine) if server else LocalClock(settings.engine)
+    try:
+        await measure(args, engine, server, settings, db_url)
+    finally:
+        await engine.shutdown()
+        if server is not None:
+            server.stop()
+
+
+async def measure(
+    args: argparse.Namespace,
+    engine: Any,
+    server: VLLMServer | None,
+    settings: Any,
+    db_url: str,
+) -> None:
+    def steps() -> tuple[int, int]:
+        return server_steps(server) if server else engine_steps()
+
     await engine.start()
     app = await create_app(settings, engine=engine)
     runner, base = await serve_on_loopback(app)
@@ -217,13 +299,15 @@ async def main(args: argparse.Namespace) -> None:
         )
         warm_turns = frozenset(r.get("turn_id", "") for c in warmed.conversations for r in c)
 
-    steps_before = engine_steps()
+    steps_before = steps()
     cpu_before = time.process_time()
     # Who had a CPU while the chats ran: 2 cores for this loop, vLLM's processes and the
     # client's. A loop thread that waits for a CPU delays every message it has read.
+    api_server = {} if server is None else {"vLLM's API server": [(server.process.pid,) * 2]}
     waits = CpuWaits(
         {"service loop thread": [(os.getpid(), threading.get_native_id())]}
         | {f"{psutil.Process(pid).name()}'s main thread": [(pid, pid)] for pid in engine_pids()}
+        | api_server
     )
     waits.start()
     chats: Chats
@@ -233,7 +317,7 @@ async def main(args: argparse.Namespace) -> None:
     else:
         chats = await run_chats_in_subprocess(base, key, args.loop, plan)
     per_conversation, service_wall = chats.conversations, chats.wall_s
-    steps_service = engine_steps()
+    steps_service = steps()
     cpu_service = time.process_time() - cpu_before
     waited = waits.stop()
     results = [result for conversation in per_conversation for result in conversation]
@@ -241,7 +325,7 @@ async def main(args: argparse.Namespace) -> None:
 
     # Same prompts straight to the engine, same concurrency, from a cold prefix cache.
     prompts = await stored_prompts(db_url, warm_turns)
-    await engine.llm.reset_prefix_cache()
+    await reset_prefix_cache(engine, server)
     started = time.perf_counter()
     cpu_before = time.process_time()
     direct_times = await asyncio.gather(
@@ -249,7 +333,7 @@ async def main(args: argparse.Namespace) -> None:
     )
     direct_wall = time.perf_counter() - started
     cpu_direct = time.process_time() - cpu_before
-    steps_direct = engine_steps()
+    steps_direct = steps()
 
     # Cache share: turn n's cached tokens vs the full blocks of turn n-1's prompt + reply.
     cached = cacheable = 0
@@ -344,7 +428,12 @@ async def main(args: argparse.Namespace) -> None:
     print(f"# {args.conversations} conversations x {args.turns} turns, ", end="")
     print(f"max_tokens={args.max_tokens}, {model_name(args)}, CPU; load average ", end="")
     print(" ".join(f"{x:.2f}" for x in os.getloadavg()))
-    print(f"# engine: in the service process; {engine_processes()}")
+    if server is None:
+        print(f"# engine: in the service process; {engine_processes()}")
+    else:
+        cpus = ",".join(map(str, sorted(psutil.Process(server.process.pid).cpu_affinity())))
+        print(f"# engine: a vLLM server of its own, every process of it on CPUs {cpus}", end="")
+        print(f"; {engine_processes()}")
     where = "the service's own event loop" if args.client_in_process else "a separate process"
     print(f"# HTTP client ran in {where}", end="")
     print("; each reply streamed in its POST's response" if args.one_request else "", end="")
@@ -416,7 +505,6 @@ async def main(args: argparse.Namespace) -> None:
         print(f" and {wall * 1000 / count:.2f} ms of wall clock a step")
 
     await runner.cleanup()
-    await engine.shutdown()
 
 
 if __name__ == "__main__":
@@ -454,6 +542,12 @@ if __name__ == "__main__":
         action="store_true",
         help="serve one turn of another key's chat before the timed chats (not counted): "
         "their first turns then find a process that has run every statement once",
+    )
+    parser.add_argument(
+        "--engine-server",
+        action="store_true",
+        help="the engine in a vLLM server of its own on CPU 0 (engine.kind = openai), "
+        "not in the service's process",
     )
     arguments = parser.parse_args()
     run_on(arguments.loop, main(arguments))

@@ -68,14 +68,31 @@ class VLLMServer:
 
 
 def launch(
-    model_dir: Path, log_dir: Path, *, core: int, api_key: str | None = API_KEY
+    model_dir: Path,
+    log_dir: Path,
+    *,
+    core: int,
+    api_key: str | None = API_KEY,
+    dtype: str = "float32",
+    max_model_len: int = 1024,
+    dev_mode: bool = False,
+    pinned: bool = False,
 ) -> VLLMServer:
+    """A server for ``model_dir`` whose forward passes run on CPU ``core``.
+
+    ``dev_mode``: vLLM's development endpoints too (``POST /reset_prefix_cache``,
+    which a benchmark needs between its runs). ``pinned``: every process and thread
+    of the server on ``core``, its API server's and engine core's too, as the
+    in-process engine's own processes are (``engine.core_on_worker_cpus``).
+    """
     port = free_port()
     env = {
         **os.environ,
         "VLLM_CPU_KVCACHE_SPACE": "1",
         "VLLM_CPU_OMP_THREADS_BIND": str(core),
     }
+    if dev_mode:
+        env["VLLM_SERVER_DEV_MODE"] = "1"
     command = [
         sys.executable,
         "-m",
@@ -92,9 +109,9 @@ def launch(
         "32",
         "--enforce-eager",
         "--max-model-len",
-        "1024",
+        str(max_model_len),
         "--dtype",
-        "float32",
+        dtype,
         "--seed",
         "0",
         "--enable-prompt-tokens-details",
@@ -106,7 +123,14 @@ def launch(
     log_path = log_dir / f"vllm-{port}.log"
     with log_path.open("wb") as log:
         process = subprocess.Popen(
-            command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            command,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+            # Set in the child before it runs vLLM: every process and thread it starts
+            # inherits it.
+            preexec_fn=(lambda: os.sched_setaffinity(0, {core})) if pinned else None,
         )
     return VLLMServer(port, log_path, process)
 
