@@ -84,7 +84,7 @@ from harness import (
 from turns_client import Chats, Plan, run_chats, run_chats_in_subprocess
 
 from bot.app import create_app
-from bot.config import load_settings
+from bot.config import Settings, load_settings
 from bot.engine.base import GenerationChunk, GenerationRequest
 from bot.engine.cpu_dtype import resolve_dtype
 from bot.engine.openai_remote import OpenAIRemoteEngine
@@ -265,7 +265,9 @@ async def main(args: argparse.Namespace) -> None:
         # The benchmark is one key sending many messages: fair use would throttle it.
         limits={"messages_per_minute": 0, "tokens_per_day": 0},
     )
-    engine: Any = RemoteClock(settings.engine) if server else LocalClock(settings.engine)
+    engine: LocalClock | RemoteClock = (
+        RemoteClock(settings.engine) if server else LocalClock(settings.engine)
+    )
     try:
         await measure(args, engine, server, settings, db_url)
     finally:
@@ -276,11 +278,14 @@ async def main(args: argparse.Namespace) -> None:
 
 async def measure(
     args: argparse.Namespace,
-    engine: Any,
+    engine: LocalClock | RemoteClock,
     server: VLLMServer | None,
-    settings: Any,
+    settings: Settings,
     db_url: str,
 ) -> None:
+    """Serve the chats through the service, send the same prompts straight to the engine,
+    and print both (``server``: the engine's vLLM server, None for the engine in process)."""
+
     def steps() -> tuple[int, int]:
         return server_steps(server) if server else engine_steps()
 
