@@ -120,17 +120,13 @@ def launch(
     ]
     if api_key:
         command += ["--api-key", api_key]
+    if pinned:
+        # Set before vLLM starts: every process and thread it starts inherits it.
+        command = ["taskset", "--cpu-list", str(core), *command]
     log_path = log_dir / f"vllm-{port}.log"
     with log_path.open("wb") as log:
         process = subprocess.Popen(
-            command,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
-            # Set in the child before it runs vLLM: every process and thread it starts
-            # inherits it.
-            preexec_fn=(lambda: os.sched_setaffinity(0, {core})) if pinned else None,
+            command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
         )
     return VLLMServer(port, log_path, process)
 
