@@ -122,14 +122,7 @@ from bot.storage.models import Turn, TurnStatus
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.vllm_servers import (
-    API_KEY,
-    SERVED_MODEL_NAME,
-    VLLMServer,
-    free_port,
-    launch,
-    wait_ready,
-)
+from tests.vllm_servers import VLLMServer, free_port, launch, wait_ready
 
 ACK_P99_GOAL_MS = 25.0
 CHANNELS = ("api", "telegram", "slack")
@@ -360,13 +353,7 @@ async def run(args: argparse.Namespace, workdir: Path, db_url: str) -> None:
         # The server on the second core; the service (and its loop) keep the first.
         server = launch(model, workdir, core=1 % (os.cpu_count() or 1))
         await asyncio.to_thread(wait_ready, server, time.monotonic())
-        engine_section.update(
-            kind="openai",
-            base_urls=[server.base_url],
-            api_key=API_KEY,
-            served_model_name=SERVED_MODEL_NAME,
-            max_model_len=1024,
-        )
+        engine_section.update(server.engine_section())
     sections: dict[str, Any] = {
         "database": {"url": db_url},
         "engine": engine_section,

@@ -98,7 +98,7 @@ from bot.storage.tokens import unpack_token_ids
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.vllm_servers import API_KEY, SERVED_MODEL_NAME, VLLMServer, launch, wait_ready
+from tests.vllm_servers import API_KEY, VLLMServer, launch, wait_ready
 
 
 async def stored_prompts(
@@ -250,12 +250,7 @@ async def main(args: argparse.Namespace) -> None:
             pinned=True,
         )
         await asyncio.to_thread(wait_ready, server, time.monotonic())
-        engine_section.update(
-            kind="openai",
-            base_urls=[server.base_url],
-            api_key=API_KEY,
-            served_model_name=SERVED_MODEL_NAME,
-        )
+        engine_section.update(server.engine_section())
     settings = load_settings(
         None,
         database={"url": db_url},

@@ -16,6 +16,7 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 SERVED_MODEL_NAME = "demo"
 API_KEY = "test-engine-key"
@@ -33,12 +34,23 @@ class VLLMServer:
     port: int
     log_path: Path
     process: subprocess.Popen[bytes]
+    max_model_len: int = 1024
     started_s: float = 0.0
     killed: bool = field(default=False)
 
     @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    def engine_section(self) -> dict[str, Any]:
+        """The service's ``[engine]`` keys that make this server its engine."""
+        return {
+            "kind": "openai",
+            "base_urls": [self.base_url],
+            "api_key": API_KEY,
+            "served_model_name": SERVED_MODEL_NAME,
+            "max_model_len": self.max_model_len,
+        }
 
     def kill(self) -> None:
         """SIGKILL the server and its engine-core child (its own process group)."""
@@ -128,7 +140,7 @@ def launch(
         process = subprocess.Popen(
             command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
         )
-    return VLLMServer(port, log_path, process)
+    return VLLMServer(port, log_path, process, max_model_len)
 
 
 def wait_ready(server: VLLMServer, started: float, timeout_s: float = START_TIMEOUT_S) -> None:
