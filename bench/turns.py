@@ -17,6 +17,8 @@ Prints
     engine (before ``generate`` is called, after its first text), with the client
     library's own part (``post()`` called to the request's last byte written) and the
     turns after each conversation's first (its first turn is the run's coldest),
+    and by whether the message came alone or in a burst, behind other chats' POSTs
+    sent in the 10 ms before it (replies that end in the same engine step),
   * the ack latency of POST /v1/messages (p50/p99),
   * the ratio of end-to-end time through the service to the same prompts sent
     straight to the engine (prefix cache reset in between, same concurrency),
@@ -53,6 +55,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import bisect
 import itertools
 import os
 import statistics
@@ -191,6 +194,26 @@ async def reset_prefix_cache(engine: FirstTextClock, server: VLLMServer | None) 
     request = urllib.request.Request(f"{server.base_url}/reset_prefix_cache", method="POST")
     request.add_header("Authorization", f"Bearer {API_KEY}")
     await asyncio.to_thread(lambda: urllib.request.urlopen(request, timeout=30).close())
+
+
+BURST_S = 0.010
+"""Another POST sent this long before a message puts the message in a burst."""
+
+
+def posts_just_before(results: list[dict[str, Any]]) -> dict[str, int]:
+    """Per turn: how many other chats' POSTs were sent in the ``BURST_S`` before its own.
+
+    Chats whose replies end in the same engine step send their next messages at once:
+    the service then handles them, and those replies' final writes, one after another
+    on its one loop, and the later ones in a burst wait for the earlier.
+    """
+    sent = sorted(r["sent_at"] for r in results)
+    before: dict[str, int] = {}
+    for r in results:
+        at = r["sent_at"]
+        earlier = bisect.bisect_left(sent, at) - bisect.bisect_left(sent, at - BURST_S)
+        before[r.get("turn_id", "")] = earlier
+    return before
 
 
 async def direct(
@@ -383,11 +406,19 @@ async def measure(
     ]
     # All the time the turn's first text spent in vLLM, its own hops in this process
     # included (the engine TTFT sent directly has them too): what is left is the service's.
-    service_own = [
-        r["ttft_ms"] - engine.to_text_ms[r["turn_id"]]
+    own_by_turn = {
+        r["turn_id"]: r["ttft_ms"] - engine.to_text_ms[r["turn_id"]]
         for r in results
         if r.get("turn_id") in engine.to_text_ms
-    ]
+    }
+    service_own = list(own_by_turn.values())
+    # The same by the POSTs sent just before (a burst: see ``posts_just_before``).
+    within = f"within {BURST_S * 1000:g} ms after"
+    places = ("sent alone", f"{within} 1 other", f"{within} 2+ others")
+    in_burst: dict[str, list[float]] = {place: [] for place in places}
+    burst = posts_just_before(results)
+    for turn_id, own in own_by_turn.items():
+        in_burst[places[min(2, burst[turn_id])]].append(own)
 
     # The same, split at the engine: from the POST sent to ``generate`` called (the ack,
     # the turn's start, history, prompt), and from the first text's chunk to the client's
@@ -458,6 +489,7 @@ async def measure(
         ("  of it, engine steps until the first text", steps_to_text),
         ("service to the first text (the rest)", service_to_text),
         ("service's own: client TTFT - time in vLLM to it", service_own),
+        *((f"  {place} ({len(values)})", values) for place, values in in_burst.items() if values),
         ("  POST sent -> generate called", service_before_engine),
         ("    of it, the client's post() to on the wire", client_building),
         (f"    turns 2..{args.turns} only", later_before_engine),
