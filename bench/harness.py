@@ -62,6 +62,12 @@ def served_model(args: argparse.Namespace) -> tuple[Path, str]:
     return build_demo_model(Path(args.model_dir)), "float32"
 
 
+def engine_section(model: Path, dtype: str) -> dict[str, Any]:
+    """The ``[engine]`` settings the benchmarks serve ``served_model``'s model with, in
+    process (a vLLM server of their own replaces the keys ``engine_section()`` names)."""
+    return {"model": str(model), "dtype": dtype, "max_model_len": 4096, "block_size": 32}
+
+
 def model_name(args: argparse.Namespace) -> str:
     """The model ``served_model`` serves, for a benchmark's header."""
     return str(args.model or "demo model")

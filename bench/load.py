@@ -81,6 +81,7 @@ from harness import (
     add_model_arguments,
     bench_key,
     engine_processes,
+    engine_section,
     is_postgres,
     model_name,
     percentile,
@@ -342,21 +343,16 @@ async def run(args: argparse.Namespace, workdir: Path, db_url: str) -> None:
         InProcessFakes() if args.fakes_in_process else FakesProcess(args.client_loop)
     )
     await fakes.__aenter__()
-    engine_section: dict[str, Any] = {
-        "model": str(model),
-        "dtype": dtype,
-        "max_model_len": 4096,
-        "block_size": 32,
-    }
+    engine_settings = engine_section(model, dtype)
     server: VLLMServer | None = None
     if args.engine_server:
         # The server on the second core; the service (and its loop) keep the first.
         server = launch(model, workdir, core=1 % (os.cpu_count() or 1))
         await asyncio.to_thread(wait_ready, server, time.monotonic())
-        engine_section.update(server.engine_section())
+        engine_settings.update(server.engine_section())
     sections: dict[str, Any] = {
         "database": {"url": db_url},
-        "engine": engine_section,
+        "engine": engine_settings,
         "generation": {"max_tokens": args.max_tokens, "temperature": 0.0, "top_p": 1.0},
         "logging": {"level": "WARNING", "format": "json"},
         "limits": {"messages_per_minute": 0, "tokens_per_day": 0},

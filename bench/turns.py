@@ -77,6 +77,7 @@ from harness import (
     bench_key,
     engine_pids,
     engine_processes,
+    engine_section,
     engine_steps,
     model_name,
     percentile,
@@ -253,12 +254,7 @@ async def main(args: argparse.Namespace) -> None:
     model, dtype = served_model(args)
     db_url = f"sqlite+aiosqlite:///{workdir / 'bench.db'}"
     await asyncio.to_thread(upgrade, db_url)
-    engine_section: dict[str, Any] = {
-        "model": str(model),
-        "dtype": dtype,
-        "max_model_len": 4096,
-        "block_size": 32,
-    }
+    engine_settings = engine_section(model, dtype)
     server: VLLMServer | None = None
     if args.engine_server:
         # On CPU 0 with everything it starts, where the in-process engine's worker and core
@@ -268,16 +264,16 @@ async def main(args: argparse.Namespace) -> None:
             workdir,
             core=0,
             dtype=resolve_dtype(dtype, str(model), on_cpu=True),
-            max_model_len=engine_section["max_model_len"],
+            max_model_len=engine_settings["max_model_len"],
             dev_mode=True,
             pinned=True,
         )
         await asyncio.to_thread(wait_ready, server, time.monotonic())
-        engine_section.update(server.engine_section())
+        engine_settings.update(server.engine_section())
     settings = load_settings(
         None,
         database={"url": db_url},
-        engine=engine_section,
+        engine=engine_settings,
         generation={"max_tokens": args.max_tokens, "temperature": 0.0, "top_p": 1.0},
         logging={"level": "WARNING"},
         # The benchmark is one key sending many messages: fair use would throttle it.
