@@ -357,8 +357,8 @@ async def measure(url: str, n: int) -> list[tuple[str, tuple[float, float]]]:
         ("the same on a new engine (cold), median of 5", await cold_accepts(url)),
         ("  after the warm-up's rehearsal", await cold_accepts(url, rehearsed=True)),
     ]
-    plainly = (plain_sqlite, "sqlite3") if is_sqlite(url) else (plain_postgres, "asyncpg")
-    rows.append((f"same SQL plainly through {plainly[1]}", await plainly[0](url, n)))
+    plain, driver = (plain_sqlite, "sqlite3") if is_sqlite(url) else (plain_postgres, "asyncpg")
+    rows.append((f"same SQL plainly through {driver}", await plain(url, n)))
     # Cold: the caches emptied before each (``timed``), as in the service under load.
     cold_n = max(1, n // 4)
     rows.append(
@@ -367,9 +367,7 @@ async def measure(url: str, n: int) -> list[tuple[str, tuple[float, float]]]:
             await service_accepts(url, cold_n, fair_use=True, cold=True),
         )
     )
-    rows.append(
-        (f"same SQL through {plainly[1]}, caches emptied", await plainly[0](url, cold_n, cold=True))
-    )
+    rows.append((f"same SQL through {driver}, caches emptied", await plain(url, cold_n, cold=True)))
     return rows
 
 
