@@ -254,7 +254,7 @@ class ServiceEngines:
     readers of a turn, reports) wait for a connection only behind other requests;
     with one shared pool, the work of the turns their own acks had started (claims,
     starts, history reads, saves of replies so far, final writes) held its 15
-    connections and an ack waited up to 0.7 s for one (``bench/connection_waits.py``
+    connections and an ack waited up to 0.7 s for one (``bench/load.py`` on PostgreSQL
     at 100 messages/s with SmolLM2). On SQLite both are one engine: a file needs no
     pool, and the process's one writer queue orders all of its writes.
     """

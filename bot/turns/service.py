@@ -326,7 +326,7 @@ class TurnService:
         A process's first accept compiles each of its statements (SQLAlchemy; on
         PostgreSQL asyncpg prepares them too): a new engine's first took 13.8 ms on
         SQLite and 43.2 on PostgreSQL, after a rehearsal 3.3 and 8.0, a warm engine's
-        first message 1.5 and 5.9 (``bench/accept.py``). ``message`` must be one no key can
+        first message 1.5 and 5.9. ``message`` must be one no key can
         send (an owner of its own): every transaction is rolled back (on PostgreSQL the
         one statement's too, which runs outside one for a real message). The rehearsed
         row has the columns of a real message's (an API message's).
