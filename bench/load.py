@@ -9,7 +9,7 @@ message would hide a slow ack behind its own pacing: here a message leaves at it
 scheduled time whatever the earlier ones are doing.
 
 Telegram's and Slack's side is played by the strict fakes of the test suite
-(tests/fakes/), served from a process of their own (bench/platform_fakes.py), as
+(bot/testing/), served from a process of their own (bench/platform_fakes.py), as
 the real platforms answer from elsewhere; ``--fakes-in-process`` serves them from
 the service's loop as before, to compare.
 
@@ -35,7 +35,7 @@ CPU time from the first arrival until the turns have drained (what the messages
 cost the database); then the first rate whose ack p99 passes 25 ms.
 
 ``--engine-server`` moves the engine out of the service's process: a real vLLM
-OpenAI server (tests/vllm_servers.py) on its own core, reached as
+OpenAI server (bot/testing/vllm_servers.py) on its own core, reached as
 ``[engine] kind = "openai"``, so detokenization and the engine's output handling
 leave the loop that answers the acks.
 
@@ -123,7 +123,7 @@ from bot.storage.models import Turn, TurnStatus
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.vllm_servers import VLLMServer, free_port, launch, wait_ready
+from bot.testing.vllm_servers import VLLMServer, free_port, launch, wait_ready
 
 ACK_P99_GOAL_MS = 25.0
 CHANNELS = ("api", "telegram", "slack")

@@ -52,7 +52,7 @@ from bot.demo_model import build_demo_model
 from bot.log import configure_logging
 from bot.storage.db import create_engine, create_sessionmaker
 from bot.storage.models import Conversation, Turn
-from tests.vllm_servers import API_KEY, SERVED_MODEL_NAME, launch, wait_ready
+from bot.testing.vllm_servers import API_KEY, SERVED_MODEL_NAME, launch, wait_ready
 
 POSTGRES_ADMIN_DSN = os.environ.get(
     "BOT_BENCH_POSTGRES_DSN", "postgresql://postgres@127.0.0.1:5432/postgres"

@@ -1,4 +1,4 @@
-"""The platforms' side of bench/load.py: Telegram's and Slack's strict fakes (tests/fakes/).
+"""The platforms' side of bench/load.py: Telegram's and Slack's strict fakes (bot/testing/).
 
 A turn that answers in a Telegram or Slack chat makes a few calls to the platform's
 API (a message, its edits or stream appends). The real platforms answer those calls
@@ -25,8 +25,8 @@ from load_client import SLACK_BOT_USER, SLACK_USER
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.fakes.slack_api import FakeSlackApi
-from tests.fakes.telegram_api import FakeTelegram
+from bot.testing.slack_api import FakeSlackApi
+from bot.testing.telegram_api import FakeTelegram
 
 TELEGRAM_TOKEN = "7000000002:AAHdqTcvCH1vGWJxfSeofSAs0K5PALDload"
 TELEGRAM_USERNAME = "LoadBot"

@@ -91,7 +91,7 @@ from bot.log import configure_logging
 from bot.storage.db import create_engine, create_sessionmaker
 from bot.storage.migrate import upgrade
 from bot.storage.models import InboundEvent, Turn, TurnStatus
-from tests.vllm_servers import API_KEY, SERVED_MODEL_NAME, free_port, launch, wait_ready
+from bot.testing.vllm_servers import API_KEY, SERVED_MODEL_NAME, free_port, launch, wait_ready
 
 POSTGRES_ADMIN_DSN = os.environ.get(
     "BOT_TEST_POSTGRES_DSN", "postgresql://postgres@127.0.0.1:5432/postgres"

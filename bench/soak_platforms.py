@@ -6,7 +6,7 @@ signed generic webhook) to a live worker picked at random, as a load balancer
 would, and delivers again with the same id until a worker acknowledges it (a
 worker killed or a database refusing the accept answers 503 or nothing; real
 platforms retry too). The platforms' side is played by the strict fakes of
-the test suite (tests/fakes/) and, for the webhook, a recording receiver.
+the test suite (bot/testing/) and, for the webhook, a recording receiver.
 
 ``finals()`` says, per accepted message, how many final answers its platform
 got: replies and failure notices (an apology text). Telegram and Slack
@@ -35,9 +35,9 @@ from slack_sdk.signature import SignatureVerifier
 
 from bot.channels.webhook.signing import signed_headers
 from bot.errors import USER_MESSAGES
+from bot.testing.slack_api import PACED, FakeSlackApi
+from bot.testing.telegram_api import FakeTelegram
 from bot.turns.claims import INTERRUPTED_APOLOGY
-from tests.fakes.slack_api import PACED, FakeSlackApi
-from tests.fakes.telegram_api import FakeTelegram
 
 TESTS = Path(__file__).resolve().parents[1] / "tests"
 """The real payload fixtures live in each channel's test folder."""

@@ -102,7 +102,7 @@ from bot.storage.tokens import unpack_token_ids
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.vllm_servers import API_KEY, VLLMServer, launch, wait_ready
+from bot.testing.vllm_servers import API_KEY, VLLMServer, launch, wait_ready
 
 
 async def stored_prompts(
