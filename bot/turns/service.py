@@ -364,7 +364,7 @@ class TurnService:
         statement, two round trips where the transaction takes five (BEGIN, fair use's
         statement, the turn's, COMMIT), or seven for a first message (the slot looked
         for, the conversation created). Under load every trip is a wait for the event
-        loop while the accept holds a pooled connection (docs/performance.md, sixteenth session).
+        loop while the accept holds a pooled connection (docs/performance.md, "What costs what").
         Returns the slot, or None when it does not apply (SQLite, several subjects to
         count against) or stored nothing: a refusal, another persona, a conversation
         another accept was creating. The transaction then tells those apart.
