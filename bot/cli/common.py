@@ -18,7 +18,7 @@ from typing import Concatenate, ParamSpec, TypeVar
 import click
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from bot.config import ConfigError, Settings, load_settings
+from bot.config import ConfigError, Settings, find_config, load_settings
 from bot.storage.redact import redact
 
 P = ParamSpec("P")
@@ -29,10 +29,12 @@ _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
 class Context:
-    """The root ``ctx.obj``: the config path, and the settings loaded on first use."""
+    """The root ``ctx.obj``: the config file every command reads (``--config``, else
+    ``$BOT_CONFIG``, else ``./bot.toml``), and the settings loaded on first use."""
 
     def __init__(self, config_path: str | None) -> None:
-        self.config_path = config_path
+        found = find_config(config_path)
+        self.config_path = None if found is None else str(found)
         self._settings: Settings | None = None
 
     @property
