@@ -109,6 +109,27 @@ async def list_conversations(
     return [{**conversation_dict(conv), "turns": int(count)} for conv, count in rows]
 
 
+async def find_conversations(
+    session: AsyncSession, ref: str, *, owner: str | None = None, channel: str | None = None
+) -> list[Conversation]:
+    """The conversations ``ref`` names, newest first: the one with that internal id, else
+    those with that channel key (the id the user knows: the HTTP API's ``conversation_id``,
+    Telegram's ``chat:42``, ...), narrowed to ``owner`` and ``channel`` when given.
+
+    One key has several conversations when the user started over (``/new``), and one
+    per owner or channel that uses it.
+    """
+    selector = Selector((), owner, channel)
+    by_id = (await session.scalars(selector.apply(select(Conversation)).where(
+        Conversation.id == ref
+    ))).all()
+    if by_id:
+        return list(by_id)
+    query = selector.apply(select(Conversation)).where(Conversation.external_key == ref)
+    ordered = query.order_by(Conversation.updated_at.desc(), Conversation.id)
+    return list((await session.scalars(ordered)).all())
+
+
 async def load_conversation(session: AsyncSession, conversation_id: str) -> dict[str, Any] | None:
     """A conversation with its turns and messages (text only: token ids stay in the database)."""
     conversation = await session.get(Conversation, conversation_id)

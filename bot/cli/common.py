@@ -122,6 +122,15 @@ async def db_sessionmakers(
         await engine.dispose()
 
 
+def aligned(rows: list[dict[str, str]]) -> list[str]:
+    """A table for people: a header line of the column names, then one line per row."""
+    columns = list(rows[0])
+    widths = {col: max(len(col), *(len(row[col]) for row in rows)) for col in columns}
+    lines = ["  ".join(col.upper().ljust(widths[col]) for col in columns).rstrip()]
+    lines += ["  ".join(row[col].ljust(widths[col]) for col in columns).rstrip() for row in rows]
+    return lines
+
+
 def format_time(value: dt.datetime | None) -> str:
     if value is None:
         return "-"
