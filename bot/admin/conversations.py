@@ -22,6 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from bot.storage.models import Conversation, InboundEvent, Message, Turn
 from bot.storage.queries import as_utc
+from bot.turns.status import shown_status
 
 EXPORT_BATCH = 20
 """Conversations read per transaction by an export (each read whole, in one snapshot)."""
@@ -74,7 +75,7 @@ def turn_dict(turn: Turn) -> dict[str, Any]:
     return {
         "id": turn.id,
         "seq": turn.seq,
-        "status": turn.status,
+        "status": shown_status(turn.status, turn.error_class),
         "user_id": turn.user_id,
         "user_text": turn.user_text,
         "reply_text": turn.reply_text,
