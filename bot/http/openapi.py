@@ -335,6 +335,12 @@ _PATHS: dict[str, dict[str, Any]] = {
             "responses": {"200": {"description": "HTML", "content": {"text/html": {}}}},
         }
     },
+    "/favicon.ico": {
+        "get": {
+            "summary": "The site's icon",
+            "responses": {"200": {"description": "An icon", "content": {"image/x-icon": {}}}},
+        }
+    },
     "/static/{filename}": {
         "get": {
             "summary": "The web page's scripts and styles",
