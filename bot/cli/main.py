@@ -37,6 +37,7 @@ from bot.cli.init import init
 from bot.cli.keys import keys
 from bot.cli.limits import limits
 from bot.cli.model import model
+from bot.cli.slack import slack
 from bot.cli.telegram import telegram
 from bot.cli.usage import usage
 from bot.config import DEFAULT_DEMO_MODEL_DIR
@@ -137,6 +138,7 @@ COMMANDS: tuple[click.Command, ...] = (
     conversations,
     doctor,
     telegram,
+    slack,
     limits,
     usage,
     chat,
