@@ -42,9 +42,9 @@ from bot.turns.settings import (
 )
 
 __all__ = [
+    "DEFAULT_CONFIG_FILE",
     "DEFAULT_DATA_DIR",
     "DEFAULT_DEMO_MODEL_DIR",
-    "DEFAULT_CONFIG_FILE",
     "ConfigError",
     "EngineSettings",
     "GenerationSettings",

@@ -121,9 +121,9 @@ async def find_conversations(
     per owner or channel that uses it.
     """
     selector = Selector((), owner, channel)
-    by_id = (await session.scalars(selector.apply(select(Conversation)).where(
-        Conversation.id == ref
-    ))).all()
+    by_id = (
+        await session.scalars(selector.apply(select(Conversation)).where(Conversation.id == ref))
+    ).all()
     if by_id:
         return list(by_id)
     query = selector.apply(select(Conversation)).where(Conversation.external_key == ref)

@@ -69,9 +69,7 @@ def doctor(obj: Context, as_json: bool, skip: tuple[str, ...]) -> None:
             click.echo(text, err=True)
 
     with _stdout_to_stderr() if as_json else contextlib.nullcontext():
-        results = asyncio.run(
-            run_doctor(obj.config_path, skip=skip, emit=emit, announce=announce)
-        )
+        results = asyncio.run(run_doctor(obj.config_path, skip=skip, emit=emit, announce=announce))
     failed = [result for result in results if not result.ok]
     if as_json:
         click.echo(render_report(results))

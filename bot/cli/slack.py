@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from typing import get_args
 from urllib.parse import urlsplit
 
 import click
 
+from bot.channels.access import GroupPolicy
 from bot.channels.slack.manifest import DEFAULT_APP_NAME, app_manifest, render
 from bot.cli.common import Context
 
@@ -53,4 +55,5 @@ def slack_manifest(ctx: click.Context, public_url: str | None, name: str, channe
         )
     if not 1 <= len(name) <= 35:
         raise click.BadParameter("1 to 35 characters (Slack's limit)", param_hint="--name")
-    click.echo(render(app_manifest(public_url, name=name, channels=channels)), nl=False)
+    policy = next(value for value in get_args(GroupPolicy) if value == channels)
+    click.echo(render(app_manifest(public_url, name=name, channels=policy)), nl=False)

@@ -98,7 +98,8 @@ def usage(
     days: int | None,
     as_json: bool,
 ) -> None:
-    """Turns (done, failed, stopped) and tokens (prompt, cached, completion) per day, owner, channel.
+    """Turns (done, failed, stopped) and tokens (prompt, cached, completion) per day,
+    owner and channel.
 
     Days are UTC calendar days of each turn's arrival. "cache" is the share of
     prompt tokens vLLM served from its prefix cache. Reads only: on SQLite it

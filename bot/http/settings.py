@@ -64,7 +64,7 @@ class ServerSettings(BaseModel):
                 or parts.username is not None
             ):
                 raise ValueError(
-                    f"{origin!r} is not an origin: scheme://host[:port] with no path, or \"*\""
+                    f'{origin!r} is not an origin: scheme://host[:port] with no path, or "*"'
                 )
         # Browsers send scheme and host in lower case.
         return [origin.rstrip("/").lower() for origin in origins]

@@ -51,7 +51,9 @@ _FIND = (
 """Built once: read on every redelivery."""
 
 
-async def find_delivery(session: AsyncSession, channel: str, event_id: str) -> StoredDelivery | None:
+async def find_delivery(
+    session: AsyncSession, channel: str, event_id: str
+) -> StoredDelivery | None:
     row = (await session.execute(_FIND, {"channel": channel, "event_id": event_id})).one_or_none()
     if row is None:
         return None

@@ -36,9 +36,9 @@ from bot.turns import wakeups
 from bot.turns.branching import Edit, ForkRefused, fork_turn, latest_turn
 from bot.turns.branching import activate as activate_branch
 from bot.turns.cancellation import Cancellations
-from bot.turns.idempotency import find_delivery, reuse_conflict
 from bot.turns.claims import LocalClaims, TurnClaims
 from bot.turns.ending import TurnEnd, TurnEndings, apply_to_row
+from bot.turns.idempotency import find_delivery, reuse_conflict
 from bot.turns.inbound import InboundMessage
 from bot.turns.limits import FairUse, RateLimited, Refusal, subjects_for
 from bot.turns.personas import Personas

@@ -36,7 +36,9 @@ SLASH_COMMANDS: tuple[SlashCommand, ...] = (
     SlashCommand("/new", "Start a new conversation (in a DM with the bot)"),
     SlashCommand("/stop", "Stop the reply being written (in a DM)"),
     SlashCommand("/retry", "Answer your last message again (in a DM)"),
-    SlashCommand("/mode", "List personas, or start a new conversation with one (in a DM)", "[name]"),
+    SlashCommand(
+        "/mode", "List personas, or start a new conversation with one (in a DM)", "[name]"
+    ),
     SlashCommand("/stats", "Your messages and tokens today; all: every user's (admins)", "[all]"),
 )
 """Every command ``bot.channels.slack.commands`` answers, as Slack shows it in the composer."""
