@@ -89,7 +89,9 @@ def _log_to_stderr(obj: Context) -> None:
     except click.ClickException:
         # A config that does not load is the doctor's first finding, not a crash here.
         level, fmt = DOCTOR_LOG_LEVEL, "auto"
-    configure_logging(level, fmt, stream=sys.stderr)
+    # The process's own stderr: a caller that swaps sys.stderr for a while (click's test
+    # runner) closes its stand-in afterwards, and the handler outlives the command.
+    configure_logging(level, fmt, stream=sys.__stderr__ or sys.stderr)
 
 
 @contextlib.contextmanager

@@ -21,7 +21,7 @@ def looks_local(name: str) -> bool:
     """A filesystem path rather than a Hugging Face id (``org/name``)."""
     path = Path(name)
     if (
-        path == DEFAULT_DEMO_MODEL_DIR
+        path in (DEFAULT_DEMO_MODEL_DIR, DEFAULT_SMOLLM2_DIR)
         or path.is_absolute()
         or name.startswith((".", "~"))
         or path.exists()
