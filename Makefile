@@ -14,12 +14,16 @@ PIP_CONSTRAINTS := $(if $(CONSTRAINTS),-c $(CONSTRAINTS),)
 STAMP := $(VENV)/.installed-$(ENGINE_EXTRA)
 DEMO_MODEL := data/demo-model
 SMOLLM2 := data/smollm2
-CONFIG ?=
-BOTCTL := $(BIN)/botctl $(if $(CONFIG),--config $(CONFIG),)
+# The settings `make run` serves with. bot.toml is written at the first run (`botctl init`),
+# naming the model it serves and the database; every later `botctl` in this folder finds
+# it, so `botctl doctor`, `botctl keys` ... see what `make run` serves. CONFIG=FILE: another.
+CONFIG ?= bot.toml
+BOTCTL := $(BIN)/botctl --config $(CONFIG)
 # Where `make run` waits for the service and what it prints (match server.host/port).
 URL ?= http://127.0.0.1:8080
-# `make run` serves SmolLM2 unless a CONFIG file or BOT_ENGINE__MODEL names the model.
-RUN_SMOLLM2 := $(if $(CONFIG)$(BOT_ENGINE__MODEL),,yes)
+# SmolLM2 is pulled when the config names it (a new bot.toml does, unless BOT_ENGINE__MODEL
+# names another model).
+RUN_SMOLLM2 := $(if $(BOT_ENGINE__MODEL),,$(if $(wildcard $(CONFIG)),$(shell grep -qsF 'model = "$(SMOLLM2)"' $(CONFIG) && echo yes),yes))
 
 .PHONY: run test test-slow test-all install model real-model lint typecheck bench lock clean
 
@@ -45,18 +49,25 @@ real-model: $(SMOLLM2)/pulled_model.json
 $(SMOLLM2)/pulled_model.json: | $(STAMP)
 	$(BIN)/botctl model pull --smollm2 --path $(SMOLLM2)
 
+bot.toml: | $(STAMP)
+	$(BIN)/botctl init --model $(or $(BOT_ENGINE__MODEL),$(SMOLLM2)) --path $@
+
 # The key, the curl line and the links are printed once /readyz answers, after the engine's
-# start-up log rather than scrolled away under it. Ctrl-C stops the service (SIGTERM: it drains).
-run: install $(if $(RUN_SMOLLM2),real-model)
+# start-up log rather than scrolled away under it. The example's ids are new at each run:
+# an id the service has seen with another text is refused (409), not answered again.
+# Ctrl-C stops the service (SIGTERM: it drains).
+run: install $(CONFIG) $(if $(RUN_SMOLLM2),real-model)
 	$(BOTCTL) db upgrade
 	@key=$$($(BOTCTL) keys create demo-$$(date +%s) --owner demo) || exit 1; \
-	  $(if $(RUN_SMOLLM2),BOT_ENGINE__MODEL=$(SMOLLM2)) $(BOTCTL) serve & pid=$$!; \
+	  run_id=$$(date +%s)-$$$$; \
+	  $(BOTCTL) serve & pid=$$!; \
 	  trap 'kill -TERM $$pid 2>/dev/null; wait $$pid; exit 0' INT TERM; \
 	  until $(BIN)/python -c "import urllib.request as u; u.urlopen('$(URL)/readyz', timeout=2)" 2>/dev/null; do \
 	    kill -0 $$pid 2>/dev/null || { wait $$pid; exit $$?; }; sleep 1; done; \
-	  echo "" && echo "Ready. Demo API key (shown once): $$key" && \
+	  echo "" && echo "Ready ($(CONFIG)). Demo API key (shown once): $$key" && \
 	  echo "Try: curl -N -H 'Authorization: Bearer $$key' -H 'Accept: text/event-stream' \\" && \
-	  echo "       -d '{\"conversation_id\":\"c1\",\"message_id\":\"m1\",\"text\":\"Hi\"}' $(URL)/v1/messages" && \
+	  echo "       -d '{\"conversation_id\":\"c-$$run_id\",\"message_id\":\"m-$$run_id\",\"text\":\"What is the capital of France?\"}' \\" && \
+	  echo "       $(URL)/v1/messages" && \
 	  echo "Chat in a browser (this link signs you in; the key after # is never sent to the server):" && \
 	  echo "  $(URL)/#key=$$key" && \
 	  echo "Chat in a terminal: BOT_API_KEY=$$key $(BIN)/botctl chat --url $(URL)" && echo ""; \

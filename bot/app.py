@@ -19,7 +19,7 @@ from bot.channels.kind import Wiring
 from bot.channels.registry import CHANNELS
 from bot.config import Settings
 from bot.engine.base import InferenceEngine
-from bot.http import openapi, ops
+from bot.http import cors, favicon, openapi, ops
 from bot.http.clients import platform_client
 from bot.http.keys import (
     CHAT_FORMAT,
@@ -203,5 +203,7 @@ async def create_app(
     for kind in CHANNELS:
         kind.routes().setup(app, kind.tables(settings), wiring)
     web_page.setup(app)
+    favicon.setup(app)
     openapi.setup(app)
+    cors.setup(app, settings.server.cors_origins)
     return app

@@ -4,6 +4,10 @@ Interactive on a terminal: a prompt, the reply streamed token by token, then
 one line of timings and cache use. Ctrl-C during a reply stops it (the turn is
 cancelled on the server); Ctrl-C at the prompt clears the line; Ctrl-D exits.
 
+A reply the service cut at its length limit (``finish_reason: "length"``) is
+marked so on stderr, and the line ``/continue`` extends it
+(``POST /v1/turns/{id}/continue``): the same reply goes on where it stopped.
+
 Piped (stdin is not a terminal): one message per non-empty line, replies on
 stdout one per line, the timing lines and errors on stderr, exit status 1 if a
 reply failed. So ``botctl chat < questions.txt > answers.txt`` scripts well.
@@ -26,6 +30,9 @@ import click
 DEFAULT_URL = "http://127.0.0.1:8080"
 CONNECT_TIMEOUT_S = 10.0
 PROMPT = "you> "
+CONTINUE_COMMAND = "/continue"
+CUT_MARK = f"[cut: the reply reached its length limit; {CONTINUE_COMMAND} goes on]"
+NOTHING_TO_CONTINUE = "nothing to continue: no reply of this session was cut"
 
 
 class ChatError(Exception):
@@ -97,6 +104,8 @@ class ChatSession:
         self._out = out
         self._err = err
         self._http: aiohttp.ClientSession | None = None
+        self.cut_turn_id: str | None = None
+        """The last reply, when it was cut at the length limit: what ``/continue`` extends."""
 
     async def open(self) -> None:
         # No total timeout: a reply streams for as long as it takes.
@@ -108,16 +117,24 @@ class ChatSession:
             await self._http.close()
 
     async def turn(self, text: str) -> bool:
-        """Send one message and stream its reply; True when the reply completed."""
-        assert self._http is not None
+        """Send one message (or ``/continue``) and stream its reply; True when it completed."""
+        if text.strip() == CONTINUE_COMMAND:
+            if self.cut_turn_id is None:
+                raise ChatError("usage", NOTHING_TO_CONTINUE)
+            return await self._answer(f"/v1/turns/{self.cut_turn_id}/continue", None)
         body = {
             "conversation_id": self.conversation_id,
             "message_id": uuid.uuid4().hex,
             "text": text,
         }
+        return await self._answer("/v1/messages", body)
+
+    async def _answer(self, path: str, body: dict[str, Any] | None) -> bool:
+        """POST ``path``, which answers 202 with the turn; stream that turn's reply."""
+        assert self._http is not None
         try:
             async with self._http.post(
-                f"{self._url}/v1/messages", json=body, headers=self._auth
+                f"{self._url}{path}", json=body, headers=self._auth
             ) as response:
                 if response.status != 202:
                     raise await _refusal(response)
@@ -126,6 +143,7 @@ class ChatSession:
             raise ChatError(
                 "network", f"cannot reach {self._url} ({type(exc).__name__}): is it running?"
             ) from exc
+        self.cut_turn_id = None
         turn_id = str(accepted["turn_id"])
         try:
             return await self._stream(turn_id, str(accepted["stream_url"]))
@@ -151,6 +169,9 @@ class ChatSession:
                 elif kind == "done":
                     self._out.write("\n")
                     self._out.flush()
+                    if data.get("finish_reason") == "length":
+                        self.cut_turn_id = turn_id
+                        self._err.write(CUT_MARK + "\n")
                     self._err.write(stats_line(data) + "\n")
                     self._err.flush()
                     return True
@@ -235,7 +256,8 @@ def chat(url: str, key: str | None, conversation_id: str | None) -> None:
     session = ChatSession(url, str(key), conversation_id, sys.stdout, sys.stderr)
     if interactive:
         click.echo(
-            f"conversation {conversation_id} at {url} (Ctrl-C stops a reply, Ctrl-D exits)",
+            f"conversation {conversation_id} at {url} (Ctrl-C stops a reply, Ctrl-D exits, "
+            f"{CONTINUE_COMMAND} extends a cut reply)",
             err=True,
         )
     lines = _interactive_lines(sys.stderr) if interactive else _piped_lines(sys.stdin)

@@ -2,7 +2,8 @@
 
 Precedence, highest first: environment (``BOT_ENGINE__MAX_MODEL_LEN=4096``;
 a double underscore separates section and key), the TOML file
-(``--config``, or ``BOT_CONFIG``), then the defaults below. Everything is
+(``--config``, or ``BOT_CONFIG``; ``botctl`` also finds ``./bot.toml``, see
+``find_config``), then the defaults below. Everything is
 validated at start-up; ``load_settings`` raises ``ConfigError`` with a message
 that names each bad key.
 """
@@ -41,6 +42,7 @@ from bot.turns.settings import (
 )
 
 __all__ = [
+    "DEFAULT_CONFIG_FILE",
     "DEFAULT_DATA_DIR",
     "DEFAULT_DEMO_MODEL_DIR",
     "ConfigError",
@@ -49,10 +51,15 @@ __all__ = [
     "ServerSettings",
     "Settings",
     "WorkerSettings",
+    "find_config",
     "load_settings",
 ]
 
 DEFAULT_DATABASE_URL = f"sqlite+aiosqlite:///{DEFAULT_DATA_DIR / 'bot.db'}"
+DEFAULT_CONFIG_FILE = Path("bot.toml")
+"""The file ``botctl`` reads when neither ``--config`` nor ``BOT_CONFIG`` names one: the
+one ``make run`` writes (``botctl init``), so every command sees the settings it serves."""
+CONFIG_ENV = "BOT_CONFIG"
 DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant. Answer briefly."
 
 
@@ -146,6 +153,19 @@ def _format_validation_error(error: ValidationError, source: str) -> str:
         key = ".".join(str(part) for part in item["loc"]) or "(root)"
         lines.append(f"  {key}: {item['msg']}")
     return "\n".join(lines)
+
+
+def find_config(path: str | Path | None) -> str | Path | None:
+    """The config file a command uses: ``path`` (``--config``), else ``$BOT_CONFIG``, else
+    ``./bot.toml`` when it exists; None for the built-in defaults.
+
+    ``BOT_CONFIG`` set but empty means no file at all (``./bot.toml`` is not looked for).
+    """
+    if path:
+        return path
+    if CONFIG_ENV in os.environ:
+        return os.environ[CONFIG_ENV] or None
+    return DEFAULT_CONFIG_FILE if DEFAULT_CONFIG_FILE.is_file() else None
 
 
 def load_settings(path: str | Path | None = None, **overrides: Any) -> Settings:

@@ -1,5 +1,7 @@
 """structlog set-up: JSON lines on stdout (pretty on a terminal), stdlib logs included.
 
+Commands whose stdout is their answer (``botctl doctor --json``) log to stderr instead.
+
 aiohttp's, SQLAlchemy's and vLLM's stdlib loggers go through the same
 processors via ``ProcessorFormatter``, so every line of the service has one
 shape. Request and conversation ids are bound with ``structlog.contextvars``.
@@ -16,7 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from typing import Any
+from typing import Any, TextIO
 
 import structlog
 
@@ -42,8 +44,10 @@ def vllm_log_level(level: str) -> int:
     return ours if ours == logging.DEBUG else max(ours, VLLM_QUIET_LEVEL)
 
 
-def configure_logging(level: str = "INFO", fmt: str = "auto") -> None:
-    use_json = fmt == "json" or (fmt == "auto" and not sys.stdout.isatty())
+def configure_logging(level: str = "INFO", fmt: str = "auto", stream: TextIO | None = None) -> None:
+    """Every log line to ``stream`` (stdout unless given), in one shape."""
+    stream = sys.stdout if stream is None else stream
+    use_json = fmt == "json" or (fmt == "auto" and not stream.isatty())
     # vLLM otherwise installs its own handler and prints in its own format.
     os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
 
@@ -57,7 +61,7 @@ def configure_logging(level: str = "INFO", fmt: str = "auto") -> None:
     renderer: Any = (
         structlog.processors.JSONRenderer()
         if use_json
-        else structlog.dev.ConsoleRenderer(colors=sys.stdout.isatty())
+        else structlog.dev.ConsoleRenderer(colors=stream.isatty())
     )
     structlog.configure(
         processors=[*shared, structlog.stdlib.ProcessorFormatter.wrap_for_formatter],
@@ -73,7 +77,7 @@ def configure_logging(level: str = "INFO", fmt: str = "auto") -> None:
             renderer,
         ],
     )
-    handler = logging.StreamHandler(sys.stdout)
+    handler = logging.StreamHandler(stream)
     handler.setFormatter(formatter)
     root = logging.getLogger()
     root.handlers[:] = [handler]

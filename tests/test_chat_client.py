@@ -14,6 +14,8 @@ import sys
 import time
 from typing import Any
 
+import pytest
+
 from bot.engine.vllm_local import LocalVLLMEngine
 from bot.http.keys import TURNS
 from tests.conftest import MakeClient, issue_key
@@ -91,6 +93,50 @@ async def test_piped_mode_fails_clearly(sqlite_url: str, make_client: MakeClient
     assert code == 2 and "BOT_API_KEY" in err
     code, _, err = await _piped("http://127.0.0.1:9", "bot_x_y", "Hi\n")  # nothing listens there
     assert code == 1 and "network" in err and "is it running?" in err
+
+
+async def test_a_reply_cut_at_the_length_limit_is_marked(
+    sqlite_url: str, make_client: MakeClient
+) -> None:
+    client = await make_client(sqlite_url, generation={"max_tokens": 4})
+    key = await issue_key(sqlite_url)
+    # /continue before anything was cut is refused, and sends nothing.
+    code, _, err = await _piped(
+        str(client.make_url("")), key, "/continue\n", "--conversation", "k1"
+    )
+    assert code == 1 and "nothing to continue" in err
+    code, out, err = await _piped(
+        str(client.make_url("")), key, "Tell me everything\n", "--conversation", "k1"
+    )
+    assert code == 0, err
+    [turn] = await _turns(client, key, "k1")
+    assert turn["finish_reason"] == "length"
+    assert out == turn["reply"] + "\n", "the mark is not part of the reply"
+    assert "[cut: the reply reached its length limit; /continue goes on]" in err
+
+
+def _routes(client: Any) -> set[str]:
+    return {str(route.resource.canonical) for route in client.app.router.routes() if route.resource}
+
+
+async def test_continue_extends_the_cut_reply(sqlite_url: str, make_client: MakeClient) -> None:
+    client = await make_client(sqlite_url, generation={"max_tokens": 16})
+    if "/v1/turns/{turn_id}/continue" not in _routes(client):
+        pytest.skip("the service has no POST /v1/turns/{id}/continue to extend a reply with")
+    key = await issue_key(sqlite_url)
+    code, out, err = await _piped(
+        str(client.make_url("")), key, "Tell me everything\n/continue\n", "--conversation", "k2"
+    )
+    assert code == 0, err
+    [turn] = await _turns(client, key, "k2")  # the active branch: the continued reply
+    cut_url = f"/v1/turns/{turn['continues_turn_id']}"
+    cut = await (await client.get(cut_url, headers=auth(key))).json()
+    assert cut["finish_reason"] == "length"
+    assert turn["usage"]["completion_tokens"] > 0  # it generated more
+    assert turn["reply"].startswith(cut["reply"])
+    # The cut reply, then only what the continuation added: together, the whole reply.
+    assert out == cut["reply"] + "\n" + turn["reply"][len(cut["reply"]) :] + "\n"
+    assert "[cut:" in err
 
 
 class Terminal:

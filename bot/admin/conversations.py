@@ -22,6 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from bot.storage.models import Conversation, InboundEvent, Message, Turn
 from bot.storage.queries import as_utc
+from bot.turns.status import shown_status
 
 EXPORT_BATCH = 20
 """Conversations read per transaction by an export (each read whole, in one snapshot)."""
@@ -74,7 +75,7 @@ def turn_dict(turn: Turn) -> dict[str, Any]:
     return {
         "id": turn.id,
         "seq": turn.seq,
-        "status": turn.status,
+        "status": shown_status(turn.status, turn.error_class),
         "user_id": turn.user_id,
         "user_text": turn.user_text,
         "reply_text": turn.reply_text,
@@ -107,6 +108,27 @@ async def list_conversations(
         query = query.limit(limit)
     rows = (await session.execute(query)).all()
     return [{**conversation_dict(conv), "turns": int(count)} for conv, count in rows]
+
+
+async def find_conversations(
+    session: AsyncSession, ref: str, *, owner: str | None = None, channel: str | None = None
+) -> list[Conversation]:
+    """The conversations ``ref`` names, newest first: the one with that internal id, else
+    those with that channel key (the id the user knows: the HTTP API's ``conversation_id``,
+    Telegram's ``chat:42``, ...), narrowed to ``owner`` and ``channel`` when given.
+
+    One key has several conversations when the user started over (``/new``), and one
+    per owner or channel that uses it.
+    """
+    selector = Selector((), owner, channel)
+    by_id = (
+        await session.scalars(selector.apply(select(Conversation)).where(Conversation.id == ref))
+    ).all()
+    if by_id:
+        return list(by_id)
+    query = selector.apply(select(Conversation)).where(Conversation.external_key == ref)
+    ordered = query.order_by(Conversation.updated_at.desc(), Conversation.id)
+    return list((await session.scalars(ordered)).all())
 
 
 async def load_conversation(session: AsyncSession, conversation_id: str) -> dict[str, Any] | None:

@@ -28,6 +28,10 @@ class AmbiguousKey(LookupError):
     pass
 
 
+class DuplicateKeyName(ValueError):
+    """A live key already has the name: names are how people tell keys apart (and revoke)."""
+
+
 @dataclass(frozen=True)
 class KeyInfo:
     id: str
@@ -70,7 +74,21 @@ async def issue_key(
     owner: str | None,
     scopes: Sequence[str],
     expires_in: dt.timedelta | None,
+    allow_duplicate: bool = False,
 ) -> IssuedKey:
+    """A new key; ``DuplicateKeyName`` when a live key has the name (unless allowed)."""
+    if not allow_duplicate:
+        live = [
+            row
+            for row in (await session.scalars(select(ApiKey).where(ApiKey.name == name))).all()
+            if _info(row).state == "active"
+        ]
+        if live:
+            prefixes = ", ".join(row.prefix for row in live)
+            raise DuplicateKeyName(
+                f"a live key is already named {name!r} (prefix {prefixes}): choose another "
+                "name, or pass --allow-duplicate"
+            )
     expires_at = utcnow() + expires_in if expires_in is not None else None
     return await create_key(
         session, name=name, owner=owner, scopes=tuple(scopes), expires_at=expires_at
@@ -131,6 +149,7 @@ async def rotate_key(
         owner=old.owner,
         scopes=[scope for scope in old.scopes.split(",") if scope],
         expires_in=lifetime,
+        allow_duplicate=True,  # the successor takes the name over
     )
     if overlap:
         retire_at = now + overlap

@@ -39,9 +39,11 @@ def _share(cached: int, prompt: int) -> str:
     return "-" if share is None else f"{share:.0%}"
 
 
-def _turns(done: int, failed: int) -> str:
+def _turns(done: int, failed: int, stopped: int) -> str:
     text = f"{done} answered"
-    return f"{text}, {failed} failed" if failed else text
+    if failed:
+        text += f", {failed} failed"
+    return f"{text}, {stopped} stopped" if stopped else text
 
 
 def user_stats_text(today: Today, *, admin: bool = False) -> str:
@@ -51,7 +53,7 @@ def user_stats_text(today: Today, *, admin: bool = False) -> str:
     """
     lines = [
         f"Your usage today ({today.day.isoformat()}, UTC):",
-        f"Messages: {_turns(today.turns_done, today.turns_failed)}",
+        f"Messages: {_turns(today.turns_done, today.turns_failed, today.turns_stopped)}",
         f"Prompt tokens: {today.prompt_tokens:,}, "
         f"{_share(today.cached_tokens, today.prompt_tokens)} served from the cache",
         f"Generated tokens: {today.completion_tokens:,}",
@@ -80,7 +82,7 @@ def channel_stats_text(rows: list[UsageRow], *, day: str) -> str:
         if row.user_name:
             who = f"{row.user_name} ({who})"
         lines.append(
-            f"{who}: {_turns(row.turns_done, row.turns_failed)}; "
+            f"{who}: {_turns(row.turns_done, row.turns_failed, row.turns_stopped)}; "
             f"{row.prompt_tokens:,} prompt tokens ({_share(row.cached_tokens, row.prompt_tokens)}"
             f" cached), {row.completion_tokens:,} generated"
         )
@@ -88,8 +90,13 @@ def channel_stats_text(rows: list[UsageRow], *, day: str) -> str:
         lines.append(f"... and {len(ranked) - MAX_USERS_LISTED} more")
     prompt = sum(r.prompt_tokens for r in rows)
     cached = sum(r.cached_tokens for r in rows)
+    total = _turns(
+        sum(r.turns_done for r in rows),
+        sum(r.turns_failed for r in rows),
+        sum(r.turns_stopped for r in rows),
+    )
     lines.append(
-        f"Total: {_turns(sum(r.turns_done for r in rows), sum(r.turns_failed for r in rows))}; "
+        f"Total: {total}; "
         f"{prompt:,} prompt tokens ({_share(cached, prompt)} cached), "
         f"{sum(r.completion_tokens for r in rows):,} generated"
     )

@@ -18,7 +18,7 @@ from typing import Concatenate, ParamSpec, TypeVar
 import click
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from bot.config import ConfigError, Settings, load_settings
+from bot.config import ConfigError, Settings, find_config, load_settings
 from bot.storage.redact import redact
 
 P = ParamSpec("P")
@@ -29,10 +29,12 @@ _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
 class Context:
-    """The root ``ctx.obj``: the config path, and the settings loaded on first use."""
+    """The root ``ctx.obj``: the config file every command reads (``--config``, else
+    ``$BOT_CONFIG``, else ``./bot.toml``), and the settings loaded on first use."""
 
     def __init__(self, config_path: str | None) -> None:
-        self.config_path = config_path
+        found = find_config(config_path)
+        self.config_path = None if found is None else str(found)
         self._settings: Settings | None = None
 
     @property
@@ -118,6 +120,15 @@ async def db_sessionmakers(
         yield create_sessionmaker(engine), create_read_sessionmaker(engine)
     finally:
         await engine.dispose()
+
+
+def aligned(rows: list[dict[str, str]]) -> list[str]:
+    """A table for people: a header line of the column names, then one line per row."""
+    columns = list(rows[0])
+    widths = {col: max(len(col), *(len(row[col]) for row in rows)) for col in columns}
+    lines = ["  ".join(col.upper().ljust(widths[col]) for col in columns).rstrip()]
+    lines += ["  ".join(row[col].ljust(widths[col]) for col in columns).rstrip() for row in rows]
+    return lines
 
 
 def format_time(value: dt.datetime | None) -> str:

@@ -14,11 +14,13 @@ from bot.admin.conversations import (
     Selector,
     delete_conversations,
     export_conversations,
+    find_conversations,
     list_conversations,
     load_conversation,
     selected_ids,
 )
-from bot.cli.common import Context, db_sessionmakers, pass_context
+from bot.cli.common import Context, aligned, db_sessionmakers, pass_context
+from bot.storage.models import Conversation
 
 
 def _selector_options(function: Any) -> Any:
@@ -42,7 +44,8 @@ def conversations() -> None:
     \b
     Examples:
       botctl conversations list --owner alice
-      botctl conversations show 3f1c...                  # turns and messages
+      botctl conversations show trip                     # turns and messages of 'trip'
+      botctl conversations show chat:42 --channel telegram:support
       botctl conversations export --owner alice -o alice.jsonl
       botctl conversations delete --owner alice --yes    # right to be forgotten
     """
@@ -70,32 +73,72 @@ def conversations_list(
             )
 
     rows = asyncio.run(run())
-    for row in rows:
-        if as_json:
+    if as_json:
+        for row in rows:
             click.echo(json.dumps(row))
-        else:
-            state = "closed" if row["closed_at"] else "open"
-            click.echo(
-                f"{row['id']}  {row['owner']}  {row['channel']}  {row['external_key']}  "
-                f"turns={row['turns']}  {state}  updated {row['updated_at']}"
-            )
-    if not rows and not as_json:
+        return
+    if not rows:
         click.echo("no conversations match", err=True)
+        return
+    table = [
+        {
+            "key": str(row["external_key"]),
+            "owner": str(row["owner"]),
+            "channel": str(row["channel"]),
+            "turns": str(row["turns"]),
+            "state": "closed" if row["closed_at"] else "open",
+            "updated": str(row["updated_at"]),
+            "id": str(row["id"]),
+        }
+        for row in rows
+    ]
+    for line in aligned(table):
+        click.echo(line)
 
 
 @conversations.command("show")
-@click.argument("conversation_id")
+@click.argument("conversation")
+@click.option("--owner", help="The owner (tenant), when the id is used by several.")
+@click.option("--channel", help="The channel (api, telegram:support ...), when several use it.")
 @pass_context
-def conversations_show(ctx: Context, conversation_id: str) -> None:
-    """Show one conversation's turns (status, usage, error) as JSON."""
+def conversations_show(
+    ctx: Context, conversation: str, owner: str | None, channel: str | None
+) -> None:
+    """Show one conversation's turns (status, usage, error) and messages as JSON.
 
-    async def run() -> dict[str, Any] | None:
+    CONVERSATION is the id the user knows (the HTTP API's conversation_id, a
+    channel key such as chat:42 from `conversations list`) or the internal id.
+    When the user started over (/new), the newest conversation under that id is
+    shown.
+    """
+
+    async def run() -> tuple[list[Conversation], dict[str, Any] | None]:
         async with db_sessionmakers(ctx.settings) as (_, read), read() as session:
-            return await load_conversation(session, conversation_id)
+            found = await find_conversations(session, conversation, owner=owner, channel=channel)
+            owners = {(row.owner, row.channel) for row in found}
+            if len(owners) != 1:
+                return found, None
+            return found, await load_conversation(session, found[0].id)
 
-    document = asyncio.run(run())
+    found, document = asyncio.run(run())
+    if not found:
+        raise click.ClickException(
+            f"no conversation {conversation!r}"
+            + (" for that owner/channel" if owner or channel else "")
+            + "; `botctl conversations list` shows them"
+        )
     if document is None:
-        raise click.ClickException(f"no conversation {conversation_id!r}")
+        places = "; ".join(sorted({f"--owner {r.owner} --channel {r.channel}" for r in found}))
+        raise click.ClickException(
+            f"{conversation!r} names conversations of several owners or channels: "
+            f"add one of: {places}"
+        )
+    if len(found) > 1:
+        click.echo(
+            f"the newest of {len(found)} conversations under {conversation!r} "
+            f"(`botctl conversations list --key {conversation}` lists them all)",
+            err=True,
+        )
     click.echo(json.dumps(document, indent=2, ensure_ascii=False))
 
 

@@ -12,9 +12,16 @@ import json
 
 import click
 
-from bot.admin.keys import KeyInfo, issue_key, list_keys, revoke_key, rotate_key
+from bot.admin.keys import (
+    DuplicateKeyName,
+    KeyInfo,
+    issue_key,
+    list_keys,
+    revoke_key,
+    rotate_key,
+)
 from bot.apikeys import SCOPES
-from bot.cli.common import DURATION, Context, db_session, format_time, pass_context
+from bot.cli.common import DURATION, Context, aligned, db_session, format_time, pass_context
 
 
 def _fail_on_lookup(exc: LookupError) -> click.ClickException:
@@ -48,6 +55,11 @@ def keys() -> None:
     help="Repeat for several: --scope chat --scope admin.",
 )
 @click.option("--expires", type=DURATION, help="Lifetime, e.g. 30d, 12h, 2w (default: never).")
+@click.option(
+    "--allow-duplicate",
+    is_flag=True,
+    help="Create it even though a live key has the same name.",
+)
 @pass_context
 def keys_create(
     ctx: Context,
@@ -55,17 +67,26 @@ def keys_create(
     owner: str | None,
     scopes: tuple[str, ...],
     expires: dt.timedelta | None,
+    allow_duplicate: bool,
 ) -> None:
-    """Create a key and print it once."""
+    """Create a key and print it once. A name a live key has is refused (--allow-duplicate)."""
 
     async def run() -> str:
         async with db_session(ctx.settings) as session:
             issued = await issue_key(
-                session, name=name, owner=owner, scopes=scopes, expires_in=expires
+                session,
+                name=name,
+                owner=owner,
+                scopes=scopes,
+                expires_in=expires,
+                allow_duplicate=allow_duplicate,
             )
             return issued.key
 
-    key = asyncio.run(run())
+    try:
+        key = asyncio.run(run())
+    except DuplicateKeyName as exc:
+        raise click.ClickException(str(exc)) from None
     click.echo(key)
     click.echo(
         f"created key {name!r} (prefix {key.split('_')[1]}); store it now, it is not shown again",
@@ -105,11 +126,8 @@ def keys_list(ctx: Context, active: bool, as_json: bool) -> None:
     if not rows:
         click.echo("no keys; create one with `botctl keys create NAME`", err=True)
         return
-    columns = list(rows[0])
-    widths = {col: max(len(col), *(len(row[col]) for row in rows)) for col in columns}
-    click.echo("  ".join(col.upper().ljust(widths[col]) for col in columns).rstrip())
-    for row in rows:
-        click.echo("  ".join(row[col].ljust(widths[col]) for col in columns).rstrip())
+    for line in aligned(rows):
+        click.echo(line)
 
 
 @keys.command("revoke")

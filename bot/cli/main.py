@@ -3,6 +3,7 @@
 Examples::
 
     botctl model pull --smollm2    # convert a small real chat model into data/smollm2
+    botctl init --model data/smollm2   # write bot.toml, which every later command reads
     botctl demo-model              # build the offline demo model into data/demo-model
     botctl db upgrade              # create or migrate the database
     botctl keys create alice       # print a new API key, once
@@ -32,9 +33,11 @@ from bot.cli.common import Context, database_password_masked, pass_context
 from bot.cli.conversations import conversations
 from bot.cli.db import db
 from bot.cli.doctor import doctor
+from bot.cli.init import init
 from bot.cli.keys import keys
 from bot.cli.limits import limits
 from bot.cli.model import model
+from bot.cli.slack import slack
 from bot.cli.telegram import telegram
 from bot.cli.usage import usage
 from bot.config import DEFAULT_DEMO_MODEL_DIR
@@ -52,14 +55,16 @@ __all__ = ["Context", "main", "pass_context"]
     "config_path",
     envvar="BOT_CONFIG",
     type=click.Path(dir_okay=False),
-    help="TOML config file (default: $BOT_CONFIG, else built-in defaults).",
+    help="TOML config file (default: $BOT_CONFIG, else ./bot.toml if it exists, else built-in"
+    " defaults).",
 )
 @click.pass_context
 def main(ctx: click.Context, config_path: str | None) -> None:
     """Administer and run the chat bot service.
 
-    Settings come from the TOML file given with --config (or $BOT_CONFIG),
-    overridden by BOT_<SECTION>__<KEY> environment variables.
+    Settings come from the TOML file given with --config (or $BOT_CONFIG, else
+    ./bot.toml, which `botctl init` and `make run` write), overridden by
+    BOT_<SECTION>__<KEY> environment variables.
     """
     ctx.obj = Context(config_path)
 
@@ -126,12 +131,14 @@ def demo_model(path: Path) -> None:
 
 
 COMMANDS: tuple[click.Command, ...] = (
+    init,
     db,
     keys,
     model,
     conversations,
     doctor,
     telegram,
+    slack,
     limits,
     usage,
     chat,

@@ -13,7 +13,18 @@ from bot.cli.common import Context, db_sessionmakers, masks_database_password, p
 from bot.turns.usage import UsageQuery, UsageReports, UsageRow, cache_share, utc_day
 
 DEFAULT_DAYS = 7
-_COLUMNS = ("day", "owner", "channel", "done", "failed", "prompt", "cached", "completion", "cache")
+_COLUMNS = (
+    "day",
+    "owner",
+    "channel",
+    "done",
+    "failed",
+    "stopped",
+    "prompt",
+    "cached",
+    "completion",
+    "cache",
+)
 
 
 def _share(cached: int, prompt: int) -> str:
@@ -28,6 +39,7 @@ def _cells(row: UsageRow) -> tuple[str, ...]:
         row.channel,
         str(row.turns_done),
         str(row.turns_failed),
+        str(row.turns_stopped),
         str(row.prompt_tokens),
         str(row.cached_tokens),
         str(row.completion_tokens),
@@ -45,6 +57,7 @@ def format_table(rows: list[UsageRow]) -> str:
         "",
         str(sum(r.turns_done for r in rows)),
         str(sum(r.turns_failed for r in rows)),
+        str(sum(r.turns_stopped for r in rows)),
         str(prompt),
         str(cached),
         str(sum(r.completion_tokens for r in rows)),
@@ -85,7 +98,8 @@ def usage(
     days: int | None,
     as_json: bool,
 ) -> None:
-    """Turns (done, failed) and tokens (prompt, cached, completion) per day, owner, channel.
+    """Turns (done, failed, stopped) and tokens (prompt, cached, completion) per day,
+    owner and channel.
 
     Days are UTC calendar days of each turn's arrival. "cache" is the share of
     prompt tokens vLLM served from its prefix cache. Reads only: on SQLite it

@@ -8,7 +8,7 @@ reports its layer, ok/fail, time, an error class and a one-line hint for the
 usual causes.
 """
 
-from bot.doctor.report import CheckResult, render_json, render_text
+from bot.doctor.report import CheckResult, render_report, render_text
 from bot.doctor.walk import run_doctor
 
-__all__ = ["CheckResult", "render_json", "render_text", "run_doctor"]
+__all__ = ["CheckResult", "render_report", "render_text", "run_doctor"]

@@ -9,6 +9,7 @@ from pathlib import Path
 from bot.config import DEFAULT_DEMO_MODEL_DIR, Settings
 from bot.engine.base import GenerationRequest, InferenceEngine
 from bot.errors import CONFIG, BotError, DoctorFailure, ErrorClass
+from bot.models.pull import DEFAULT_SMOLLM2_DIR
 from bot.turns.chat_format import ChatFormat, ChatTemplateError, load_tokenizer
 
 ENGINE_START_TIMEOUT_S = 600.0
@@ -20,7 +21,7 @@ def looks_local(name: str) -> bool:
     """A filesystem path rather than a Hugging Face id (``org/name``)."""
     path = Path(name)
     if (
-        path == DEFAULT_DEMO_MODEL_DIR
+        path in (DEFAULT_DEMO_MODEL_DIR, DEFAULT_SMOLLM2_DIR)
         or path.is_absolute()
         or name.startswith((".", "~"))
         or path.exists()
@@ -40,7 +41,7 @@ def check_model_folder(settings: Settings) -> str:
         raise DoctorFailure(
             ErrorClass.MODEL_NOT_FOUND.value,
             f"model folder {path} does not exist",
-            "build the demo model (`botctl demo-model`) or set engine.model to a folder or id",
+            _missing_folder_hint(path),
         )
     if not (path / "config.json").is_file():
         raise DoctorFailure(
@@ -49,6 +50,18 @@ def check_model_folder(settings: Settings) -> str:
             "point engine.model at the folder that holds config.json and the weights",
         )
     return str(path)
+
+
+def _missing_folder_hint(path: Path) -> str:
+    """The command that writes the folder, for the folders ``botctl`` knows how to make."""
+    if path == DEFAULT_SMOLLM2_DIR:
+        return f"pull it once: `botctl model pull --smollm2 --path {path}` (`make run` does)"
+    if path == DEFAULT_DEMO_MODEL_DIR:
+        return f"build the demo model: `botctl demo-model --path {path}`"
+    return (
+        "set engine.model (bot.toml or BOT_ENGINE__MODEL) to a model folder, or prepare "
+        "one with `botctl model pull ID`"
+    )
 
 
 def check_tokenizer(settings: Settings) -> tuple[str, ChatFormat]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 
@@ -29,5 +30,15 @@ def render_text(result: CheckResult) -> str:
     return line
 
 
-def render_json(result: CheckResult) -> str:
-    return json.dumps(asdict(result))
+def render_report(results: Sequence[CheckResult]) -> str:
+    """The whole walk as one JSON document: ``ok``, the first ``failed_layer`` (or null),
+    and every checked ``layers`` entry in order."""
+    failed = next((result.layer for result in results if not result.ok), None)
+    return json.dumps(
+        {
+            "ok": failed is None,
+            "failed_layer": failed,
+            "layers": [asdict(result) for result in results],
+        },
+        indent=2,
+    )

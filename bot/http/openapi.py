@@ -29,8 +29,9 @@ _REASONS = {
     404: "No such resource (another owner's turn, an unconfigured integration)",
     408: "The request body did not arrive within server.body_timeout_s",
     409: (
-        "The turn cannot be regenerated, edited or activated now, or a persona was given "
-        "for a conversation started with another one (the reason says why); nothing stored"
+        "The turn cannot be regenerated, edited or activated now, a persona was given "
+        "for a conversation started with another one, or the message_id was already used "
+        "for another message (the reason says why); nothing stored"
     ),
     413: "The body is over server.max_body_bytes",
     429: "Over a fair-use limit; Retry-After says when to try again; nothing stored",
@@ -334,6 +335,12 @@ _PATHS: dict[str, dict[str, Any]] = {
             "responses": {"200": {"description": "HTML", "content": {"text/html": {}}}},
         }
     },
+    "/favicon.ico": {
+        "get": {
+            "summary": "The site's icon",
+            "responses": {"200": {"description": "An icon", "content": {"image/x-icon": {}}}},
+        }
+    },
     "/static/{filename}": {
         "get": {
             "summary": "The web page's scripts and styles",
@@ -379,7 +386,7 @@ _PATHS: dict[str, dict[str, Any]] = {
             "requestBody": _raw_body("application/json"),
             "responses": {
                 "202": _json("Stored (or a duplicate): the turn"),
-                **_errors(400, 401, 404, 408, 413, 429),
+                **_errors(400, 401, 404, 408, 409, 413, 429),
             },
         }
     },

@@ -4,7 +4,9 @@ Below the channels, which read it, so that they need nothing from ``bot.config``
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 DEFAULT_MAX_BODY_BYTES = 64 * 1024
 DEFAULT_MAX_TEXT_CHARS = 8000
@@ -41,3 +43,28 @@ class ServerSettings(BaseModel):
     admin_port: int | None = Field(None, ge=0, le=65535)
     """When set, /healthz, /readyz and /metrics are also served here without a key (keep it
     private); on the main port /metrics needs an admin-scope key."""
+    cors_origins: list[str] = Field(default_factory=list)
+    """Browser origins (``https://chat.example.com``) allowed to call the API from their
+    pages, or ``["*"]`` for any; empty (the default): none but the service's own page
+    (``bot.http.cors``)."""
+
+    @field_validator("cors_origins")
+    @classmethod
+    def _origins_are_origins(cls, origins: list[str]) -> list[str]:
+        for origin in origins:
+            if origin == "*":
+                continue
+            parts = urlsplit(origin)
+            if (
+                parts.scheme not in ("http", "https")
+                or not parts.hostname
+                or parts.path not in ("", "/")
+                or parts.query
+                or parts.fragment
+                or parts.username is not None
+            ):
+                raise ValueError(
+                    f'{origin!r} is not an origin: scheme://host[:port] with no path, or "*"'
+                )
+        # Browsers send scheme and host in lower case.
+        return [origin.rstrip("/").lower() for origin in origins]

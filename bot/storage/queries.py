@@ -542,16 +542,6 @@ async def close_conversation(
     return int(getattr(result, "rowcount", 0) or 0)
 
 
-async def find_event(session: AsyncSession, channel: str, event_id: str) -> InboundEvent | None:
-    return (
-        await session.scalars(
-            select(InboundEvent).where(
-                InboundEvent.channel == channel, InboundEvent.event_id == event_id
-            )
-        )
-    ).one_or_none()
-
-
 async def allocate_turn_seq(session: AsyncSession, conversation_id: str) -> int:
     """Take the conversation's next turn number (row-locked on PostgreSQL)."""
     result = await session.execute(

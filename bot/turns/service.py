@@ -38,6 +38,7 @@ from bot.turns.branching import activate as activate_branch
 from bot.turns.cancellation import Cancellations
 from bot.turns.claims import LocalClaims, TurnClaims
 from bot.turns.ending import TurnEnd, TurnEndings, apply_to_row
+from bot.turns.idempotency import find_delivery, reuse_conflict
 from bot.turns.inbound import InboundMessage
 from bot.turns.limits import FairUse, RateLimited, Refusal, subjects_for
 from bot.turns.personas import Personas
@@ -65,6 +66,9 @@ class Accepted:
     """Set when a fair-use limit refused the message: nothing was stored, try again later."""
     persona_conflict: PersonaConflict | None = None
     """Set when the message named a persona its existing conversation was not started with."""
+    id_conflict: str | None = None
+    """Set (the reason) on a ``duplicate`` whose id was stored with another message: the
+    routes of client-chosen ids refuse it (``bot.turns.idempotency``)."""
 
 
 @dataclass(frozen=True)
@@ -626,11 +630,22 @@ class TurnService:
 
     async def _find_duplicate(self, message: InboundMessage) -> Accepted | None:
         async with self._sessions() as session:
-            event = await queries.find_event(session, message.channel, message.event_id)
-        if event is None:
+            stored = await find_delivery(session, message.channel, message.event_id)
+        if stored is None:
             return None
-        log.info("duplicate_delivery", channel=message.channel, event_id=message.event_id)
-        return Accepted(event.turn_id or "", event.conversation_id or "", duplicate=True)
+        conflict = reuse_conflict(stored, message)
+        log.info(
+            "duplicate_delivery",
+            channel=message.channel,
+            event_id=message.event_id,
+            other_message=conflict is not None,
+        )
+        return Accepted(
+            stored.turn_id or "",
+            stored.conversation_id or "",
+            duplicate=True,
+            id_conflict=conflict,
+        )
 
     async def new_conversation(
         self, *, channel: str, owner: str, conversation_key: str, persona: str | None = None

@@ -8,8 +8,8 @@ rows, with nothing counted twice and nothing to keep in step.
 
 Days are UTC calendar days of the turn's arrival (``created_at``), the same
 days the fair-use token allowance resets on (``bot.turns.limits``). Only turns
-in a final state count as turns (``done``, ``failed``); tokens are summed over
-whatever the rows hold.
+in a final state count as turns (``done``, ``failed``, and ``stopped`` apart from
+failed: ``bot.turns.status``); tokens are summed over whatever the rows hold.
 
 Reads go through read-only sessions (``bot.storage.db.create_read_sessionmaker``):
 on SQLite they never take the write lock, so a report over a long history does
@@ -33,6 +33,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from bot.storage.models import Conversation, Turn, TurnStatus
 from bot.turns.limits import DAY_S, FairUse
+from bot.turns.status import is_failed, is_stopped
 
 Clock = Callable[[], float]
 
@@ -61,6 +62,7 @@ class UsageRow:
     channel: str
     turns_done: int
     turns_failed: int
+    turns_stopped: int
     prompt_tokens: int
     cached_tokens: int
     completion_tokens: int
@@ -92,6 +94,7 @@ class Today:
     day: dt.date
     turns_done: int
     turns_failed: int
+    turns_stopped: int
     prompt_tokens: int
     cached_tokens: int
     completion_tokens: int
@@ -118,6 +121,7 @@ def _counts(usage: UsageRow | Today) -> dict[str, Any]:
     return {
         "turns_done": usage.turns_done,
         "turns_failed": usage.turns_failed,
+        "turns_stopped": usage.turns_stopped,
         "prompt_tokens": usage.prompt_tokens,
         "cached_tokens": usage.cached_tokens,
         "completion_tokens": usage.completion_tokens,
@@ -170,7 +174,8 @@ async def usage_rows(
         select(
             *columns,
             func.sum(case((Turn.status == TurnStatus.DONE, 1), else_=0)).label("done"),
-            func.sum(case((Turn.status == TurnStatus.FAILED, 1), else_=0)).label("failed"),
+            func.sum(case((is_failed(), 1), else_=0)).label("failed"),
+            func.sum(case((is_stopped(), 1), else_=0)).label("stopped"),
             func.coalesce(func.sum(Turn.prompt_tokens), 0).label("prompt"),
             func.coalesce(func.sum(Turn.cached_tokens), 0).label("cached"),
             func.coalesce(func.sum(Turn.completion_tokens), 0).label("completion"),
@@ -202,6 +207,7 @@ async def usage_rows(
                 channel=str(row["channel"]),
                 turns_done=int(row["done"] or 0),
                 turns_failed=int(row["failed"] or 0),
+                turns_stopped=int(row["stopped"] or 0),
                 prompt_tokens=int(row["prompt"]),
                 cached_tokens=int(row["cached"]),
                 completion_tokens=int(row["completion"]),
@@ -258,6 +264,7 @@ class UsageReports:
             day=day,
             turns_done=sum(r.turns_done for r in rows),
             turns_failed=sum(r.turns_failed for r in rows),
+            turns_stopped=sum(r.turns_stopped for r in rows),
             prompt_tokens=sum(r.prompt_tokens for r in rows),
             cached_tokens=sum(r.cached_tokens for r in rows),
             completion_tokens=sum(r.completion_tokens for r in rows),

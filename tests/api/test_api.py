@@ -301,7 +301,7 @@ async def test_cancel_stops_a_running_turn(sqlite_url: str, make_client: MakeCli
     assert events[-1].kind == "error"
     assert events[-1].data["error_class"] == "cancelled"
     status = await (await client.get(f"/v1/turns/{body['turn_id']}", headers=auth(key))).json()
-    assert status["status"] == "failed" and status["error_class"] == "cancelled"
+    assert status["status"] == "stopped" and status["error_class"] == "cancelled"
     assert status["usage"]["completion_tokens"] < 600
 
     # The service goes on: the next message in the same conversation is answered.

@@ -46,6 +46,23 @@ async def test_list_show_export_delete(
     missing = await botctl("conversations", "show", "nope", env=env(db_url))
     assert missing.exit_code == 1
 
+    # The id the user knows: "trip" is alice's and bob's, so it asks whose.
+    ambiguous = await botctl("conversations", "show", "trip", env=env(db_url))
+    assert ambiguous.exit_code == 1
+    assert "--owner alice" in ambiguous.output and "--owner bob" in ambiguous.output
+    by_key = await botctl("conversations", "show", "trip", "--owner", "alice", env=env(db_url))
+    assert by_key.exit_code == 0, by_key.output
+    assert json.loads(by_key.stdout) == document
+    only_one = await botctl("conversations", "show", "trip", "--owner", "carol", env=env(db_url))
+    assert only_one.exit_code == 1 and "no conversation 'trip'" in only_one.output
+
+    table = (await botctl("conversations", "list", env=env(db_url))).stdout.splitlines()
+    assert table[0].split() == ["KEY", "OWNER", "CHANNEL", "TURNS", "STATE", "UPDATED", "ID"]
+    assert sorted(line.split()[:4] for line in table[1:]) == [
+        ["trip", "alice", "api", "2"],
+        ["trip", "bob", "api", "1"],
+    ]
+
     out = tmp_path / "alice.jsonl"
     exported = await botctl(
         "conversations", "export", "--owner", "alice", "-o", str(out), env=env(db_url)
@@ -80,3 +97,21 @@ async def test_list_show_export_delete(
     left = await botctl("conversations", "list", "--json", env=env(db_url))
     assert [json.loads(line)["owner"] for line in left.stdout.splitlines()] == ["bob"]
     assert (await chat(client, alice, "trip", "m0", "Again"))["kind"] == "done"
+
+
+async def test_show_by_key_after_starting_over_shows_the_newest(
+    db_url: str, make_client: MakeClient
+) -> None:
+    client = await make_client(db_url)
+    alice = await issue_key(db_url, "alice")
+    assert (await chat(client, alice, "trip", "m0", "Before"))["kind"] == "done"
+    await client.server.app[TURNS].new_conversation(
+        channel="api", owner="alice", conversation_key="trip"
+    )
+    assert (await chat(client, alice, "trip", "m1", "After"))["kind"] == "done"
+    await client.server.app[TURNS].wait_idle(timeout=30)
+
+    shown = await botctl("conversations", "show", "trip", env=env(db_url))
+    assert shown.exit_code == 0, shown.output
+    assert [turn["user_text"] for turn in json.loads(shown.stdout)["turns"]] == ["After"]
+    assert "newest of 2 conversations" in shown.stderr

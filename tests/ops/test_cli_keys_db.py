@@ -186,3 +186,26 @@ async def test_serve_refuses_a_database_with_pending_migrations(tmp_path: Path) 
         _stdout, stderr = await process.communicate()
     assert process.returncode == 1
     assert b"pending migrations" in stderr and b"botctl db upgrade" in stderr
+
+
+async def test_a_name_a_live_key_has_is_refused_unless_allowed(db_url: str) -> None:
+    first = await botctl("keys", "create", "alice", env=env(db_url))
+    assert first.exit_code == 0, first.output
+    prefix = first.stdout.strip().split("_")[1]
+
+    again = await botctl("keys", "create", "alice", env=env(db_url))
+    assert again.exit_code == 1
+    assert "already named 'alice'" in again.output and prefix in again.output
+    assert "--allow-duplicate" in again.output
+    assert again.stdout == "", "no key printed"
+    assert len(await stored_keys(db_url)) == 1
+
+    allowed = await botctl("keys", "create", "alice", "--allow-duplicate", env=env(db_url))
+    assert allowed.exit_code == 0 and allowed.stdout.startswith("bot_")
+    assert len(await stored_keys(db_url)) == 2
+
+    # A revoked key's name is free again.
+    for record in await stored_keys(db_url):
+        assert (await botctl("keys", "revoke", record.prefix, env=env(db_url))).exit_code == 0
+    reused = await botctl("keys", "create", "alice", env=env(db_url))
+    assert reused.exit_code == 0, reused.output

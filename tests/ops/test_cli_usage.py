@@ -94,6 +94,7 @@ async def test_usage_per_day_owner_and_channel(db_url: str, make_client: MakeCli
         "channel",
         "done",
         "failed",
+        "stopped",
         "prompt",
         "cached",
         "completion",

@@ -180,7 +180,8 @@ async def test_missing_model_folder(sqlite_url: str, tmp_path: Path) -> None:
     config = write_config(tmp_path / "bot.toml", base_sections(sqlite_url, tmp_path / "no-model"))
     results = await run_doctor(config)
     assert layers(results)[-1] == ("model", False, "model_not_found")
-    assert "botctl demo-model" in (results[-1].hint or "")
+    assert "engine.model" in (results[-1].hint or "")
+    assert "botctl model pull" in (results[-1].hint or "")
 
 
 def remote_sections(db_url: str, model_dir: Path, base_url: str, **engine: Any) -> dict[str, Any]:
@@ -314,8 +315,9 @@ async def test_cli_exit_codes_and_json(
     good = write_config(tmp_path / "good.toml", base_sections(sqlite_url, demo_model_dir))
     ok = await botctl("--config", str(good), "doctor", "--skip", "engine", "--json")
     assert ok.exit_code == 0, ok.output
-    lines = [json.loads(line) for line in ok.stdout.splitlines()]
-    assert [line["layer"] for line in lines] == [
+    report = json.loads(ok.stdout)  # one document, not a line per layer
+    assert report["ok"] is True and report["failed_layer"] is None
+    assert [layer["layer"] for layer in report["layers"]] == [
         "config",
         "database",
         "migrations",
@@ -323,9 +325,25 @@ async def test_cli_exit_codes_and_json(
         "tokenizer",
         "engine",
     ]
-    assert lines[-1]["skipped"] is True
+    assert report["layers"][-1]["skipped"] is True
 
     bad = write_config(tmp_path / "bad.toml", base_sections(sqlite_url, tmp_path / "missing"))
     failed = await botctl("--config", str(bad), "doctor")
     assert failed.exit_code == 1
     assert "FAIL  model" in failed.stdout and "hint:" in failed.stdout
+    failed_json = await botctl("--config", str(bad), "doctor", "--json")
+    assert failed_json.exit_code == 1
+    report = json.loads(failed_json.stdout)
+    assert report["ok"] is False and report["failed_layer"] == "model"
+    assert report["layers"][-1]["hint"]
+
+
+async def test_a_missing_model_folder_names_the_command_that_makes_it(
+    sqlite_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)  # the relative default folder, absent here
+    sections = base_sections(sqlite_url, Path("data/smollm2"))
+    config = write_config(tmp_path / "bot.toml", sections)
+    results = await run_doctor(config, skip=["engine"])
+    assert layers(results)[-1] == ("model", False, "model_not_found")
+    assert "botctl model pull --smollm2" in (results[-1].hint or "")

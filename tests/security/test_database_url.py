@@ -36,6 +36,7 @@ async def botctl(url: str, *args: str) -> tuple[int, bytes]:
         *args,
         env={
             **os.environ,
+            "BOT_CONFIG": "",  # not a ./bot.toml
             "BOT_DATABASE__URL": url,
             "BOT_ENGINE__MODEL": "/nonexistent/model",
             "BOT_SERVER__PORT": "0",
@@ -81,11 +82,10 @@ async def test_a_percent_encoded_password_migrates_and_is_never_shown(
 
     code, output = await botctl(url, "doctor", "--json")
     assert NEEDLE not in output
-    layers = {
-        document["layer"]: document
-        for line in output.decode().splitlines()
-        if line.startswith("{") and "layer" in (document := json.loads(line))
-    }
+    # stderr is merged in: the report is the one JSON document among the log lines.
+    start = output.index(b'{\n  "ok"')
+    report, _ = json.JSONDecoder().raw_decode(output[start:].decode())
+    layers = {document["layer"]: document for document in report["layers"]}
     assert layers["database"]["ok"] and layers["migrations"]["ok"], output
 
 

@@ -131,6 +131,28 @@ async def test_redelivered_message_is_acknowledged_once_and_answered_once(
     assert (await count_rows(sqlite_url))["turns"] == 1
 
 
+async def test_a_message_id_reused_for_another_message_is_a_conflict(
+    db_url: str, make_client: MakeClient, receiver: Receiver
+) -> None:
+    client = await make_client(db_url, webhooks=webhook_settings(receiver))
+    first = await (await post_signed(client, message("m1", "c1", "Hello!"))).json()
+
+    other_text = await post_signed(client, message("m1", "c1", "Goodbye!"))
+    assert other_text.status == 409
+    refusal = await other_text.json()
+    assert refusal["error"] == "conflict" and "another text" in refusal["reason"]
+    assert refusal["turn_id"] == first["turn_id"]
+
+    other_conversation = await post_signed(client, message("m1", "c2", "Hello!"))
+    assert other_conversation.status == 409
+    assert "another conversation" in (await other_conversation.json())["reason"]
+
+    await _idle(client)
+    assert len([c for c in receiver.delivered if c["type"] == "final"]) == 1
+    counts = await count_rows(db_url)
+    assert counts["turns"] == 1 and counts["inbound_events"] == 1 and counts["conversations"] == 1
+
+
 async def test_messages_of_one_conversation_are_answered_in_order(
     sqlite_url: str, make_client: MakeClient, receiver: Receiver
 ) -> None:

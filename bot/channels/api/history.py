@@ -26,6 +26,7 @@ from bot.storage.models import Turn
 from bot.storage.queries import find_open_conversation, recent_turns
 from bot.turns.branching import tree_view
 from bot.turns.ending import usage
+from bot.turns.status import shown_status
 
 MAX_TURNS = 200
 """The newest turns returned; the page has no use for a longer scroll-back."""
@@ -48,7 +49,7 @@ def turn_document(turn: Turn, conversation_key: str, *, attempts: int = 1) -> di
     return {
         "turn_id": turn.id,
         "conversation_id": conversation_key,
-        "status": turn.status,
+        "status": shown_status(turn.status, turn.error_class),
         "text": turn.user_text,
         "reply": turn.reply_text,
         "usage": usage(turn.prompt_tokens, turn.cached_tokens, turn.completion_tokens),

@@ -87,6 +87,11 @@ async def post_message(request: web.Request) -> web.StreamResponse:
         if slot is not None:
             slot.release()
         return rate_limited(accepted.rate_limited)
+    if accepted.id_conflict is not None:
+        # The id names another message: answering with its turn would answer another question.
+        if slot is not None:
+            slot.release()
+        return json_error(409, "conflict", accepted.id_conflict, turn_id=accepted.turn_id)
     if accepted.persona_conflict is not None:
         if slot is not None:
             slot.release()

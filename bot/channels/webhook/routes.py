@@ -7,7 +7,8 @@
 3. Parse ``{"conversation_id", "message_id", "text", "user_id"?, "user_name"?}``
    (400 with a reason when malformed or too long; nothing stored).
 4. ``TurnService.accept`` stores it deduplicated on ``(webhook:{name}, message_id)``
-   and the 202 goes out; a redelivery answers with the same turn. Over a fair-use
+   and the 202 goes out; a redelivery answers with the same turn, and a message_id
+   reused for another text or conversation is a 409 ``conflict``. Over a fair-use
    limit: 429 with ``Retry-After``, nothing stored, and no callback (the 429 is
    the answer).
 """
@@ -91,6 +92,9 @@ class WebhookEvents:
         )
         if accepted.rate_limited is not None:
             return rate_limited(accepted.rate_limited)
+        if accepted.id_conflict is not None:
+            log.info("webhook_message_id_reused", webhook=name, turn_id=accepted.turn_id)
+            return json_error(409, "conflict", accepted.id_conflict, turn_id=accepted.turn_id)
         log.info(
             "webhook_message",
             webhook=name,
