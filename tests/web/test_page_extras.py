@@ -1,15 +1,20 @@
 """The page's conveniences in real headless Chromium: the list of conversations to switch
-between, the one-line timing summary that opens into the detail, a copy button on code,
-and the mark of a reply cut at the token cap.
+between (a drawer on a phone; switching mid-reply; a refused list), the one-line timing
+summary that opens into the detail, a copy button on code, and the mark of a reply cut at
+the token cap.
 """
 
 from __future__ import annotations
 
-from playwright.async_api import Browser, Page, expect
+import asyncio
+import re
+
+from playwright.async_api import Browser, Page, Route, expect
 
 from bot.engine.vllm_local import LocalVLLMEngine
 from tests.conftest import MakeClient, issue_key
-from tests.web.conftest import base_url, send
+from tests.engines import TrickleEngine
+from tests.web.conftest import PHONE, base_url, send
 
 DESKTOP = {"width": 1280, "height": 800}
 CODE_REPLY = "Run this:\n\n```python\nprint('a < b & c')\nx = 1\n```\n\nand `inline` too."
@@ -63,7 +68,83 @@ async def test_the_conversation_list_switches_between_conversations(
     await page.reload()
     await expect(turns).to_have_count(2)
     await expect(listed.first).to_have_text("Planning a trip to Lisbon in May")
+
+    # On a phone the list is a drawer, opened from the header, closed by a choice.
+    await page.set_viewport_size(PHONE)
+    await expect(listed.first).to_be_hidden()
+    await page.get_by_role("button", name="Conversations").click()
+    await expect(listed).to_have_count(2)
+    await listed.filter(has_text="Sourdough").click()
+    await expect(listed.first).to_be_hidden()
+    await expect(turns.nth(0).locator(".bubble.user")).to_have_text("Sourdough starter questions")
     await page.context.close()
+
+
+async def test_switching_away_from_a_streaming_reply_leaves_it_behind(
+    sqlite_url: str, make_client: MakeClient, engine: LocalVLLMEngine, browser: Browser
+) -> None:
+    client = await make_client(
+        sqlite_url,
+        engine_override=TrickleEngine(engine, 2, 0.08),
+        generation={"max_tokens": 64, "temperature": 0.0, "top_p": 1.0},
+    )
+    key = await issue_key(sqlite_url, "web-user")
+    page = await signed_in(browser, client, key)
+    listed = page.get_by_role("navigation", name="Conversations").get_by_role("button")
+    turns = page.locator(".turn")
+    await send(page, "First conversation")
+    await reply_ended(page, 0)
+    await page.get_by_role("button", name="New conversation").click()
+    await send(page, "Second conversation, a long answer please")
+    await expect(page.locator(".bubble.bot.streaming .reply")).not_to_have_text("", timeout=20_000)
+
+    # Mid-reply, the user opens the other conversation: it shows alone, ready for a message.
+    await listed.filter(has_text="First conversation").click()
+    await expect(turns).to_have_count(1)
+    await expect(turns.nth(0).locator(".bubble.user")).to_have_text("First conversation")
+    await expect(page.get_by_role("button", name="Send")).to_be_enabled()
+    await expect(page.get_by_role("button", name="Stop the reply")).to_be_hidden()
+    first_reply = await turns.nth(0).locator(".reply").inner_text()
+    await asyncio.sleep(1.0)  # the other reply streams on meanwhile, out of sight
+    await expect(turns).to_have_count(1)
+    await expect(turns.nth(0).locator(".reply")).to_have_text(first_reply)
+
+    # Back in the second conversation the reply is there (followed again, or ended).
+    await listed.filter(has_text="Second conversation").click()
+    await expect(turns.nth(0).locator(".bubble.user")).to_have_text(
+        "Second conversation, a long answer please"
+    )
+    await reply_ended(page, 0)
+    await expect(turns).to_have_count(1)
+    await page.context.close()
+
+
+async def test_the_page_chats_on_when_the_list_is_refused(
+    sqlite_url: str, make_client: MakeClient, engine: LocalVLLMEngine, browser: Browser
+) -> None:
+    client = await make_client(sqlite_url)
+    key = await issue_key(sqlite_url, "web-user")
+    context = await browser.new_context(viewport=DESKTOP)
+    page = await context.new_page()
+    errors: list[object] = []
+    page.on("pageerror", lambda error: errors.append(error))
+
+    async def unavailable(route: Route) -> None:
+        await route.fulfill(
+            status=503,
+            content_type="application/json",
+            body='{"error": "storage_unavailable", "reason": "the database did not answer"}',
+        )
+
+    await page.route(re.compile(r".*/v1/conversations(\?.*)?$"), unavailable)
+    await page.goto(base_url(client) + f"#key={key}")
+    await send(page, "Still here?")
+    await reply_ended(page, 0)
+    listed = page.get_by_role("navigation", name="Conversations").get_by_role("button")
+    await expect(listed).to_have_count(0)
+    await expect(page.get_by_role("alert")).to_be_hidden()
+    assert not errors, errors
+    await context.close()
 
 
 async def test_the_timing_is_one_small_line_that_opens_into_the_detail(

@@ -69,7 +69,7 @@ function leave() {
 function showSignIn() {
   leave();
   api = null;
-  document.body.classList.remove("sidebar-open");
+  toggleSidebar(false);
   conversations.clear();
   for (const id of ["chat", "sidebar", "sidebar-toggle", "new-conversation", "sign-out"]) {
     $(id).hidden = true;
@@ -275,6 +275,7 @@ async function answer(view, start, prefix = "") {
     const accepted = await start();
     if (shown !== epoch) return;
     view.turnId = accepted.turn_id;
+    refreshList(); // stored: a new conversation is listed now, a used one moves to the top
     await streamInto(view, accepted.turn_id, prefix);
     answered = shown === epoch;
   } catch (error) {
@@ -288,7 +289,6 @@ async function answer(view, start, prefix = "") {
   // The chat is open again as soon as the reply is in; its versions and buttons follow.
   if (answered) {
     await refreshControls().catch((error) => showError(error.errorClass || "internal", error.message));
-    await refreshList();
   }
 }
 
@@ -410,8 +410,7 @@ async function showConversation(id, conversation) {
 }
 
 async function openConversation(id) {
-  document.body.classList.remove("sidebar-open");
-  $("sidebar-toggle").setAttribute("aria-expanded", "false");
+  toggleSidebar(false);
   if (id === conversationId) return;
   try {
     await showConversation(id, await api.history(id));
@@ -456,12 +455,13 @@ function newConversation() {
   clearError();
   showPersona(false);
   conversations.mark(conversationId);
-  document.body.classList.remove("sidebar-open");
+  toggleSidebar(false);
   if (api) showChat();
 }
 
-function toggleSidebar() {
-  const open = document.body.classList.toggle("sidebar-open");
+// On narrow screens the list is a drawer over the chat, opened from the header.
+function toggleSidebar(open = !document.body.classList.contains("sidebar-open")) {
+  document.body.classList.toggle("sidebar-open", open);
   $("sidebar-toggle").setAttribute("aria-expanded", String(open));
 }
 
@@ -494,7 +494,12 @@ function wire() {
     }
   });
   $("new-conversation").addEventListener("click", newConversation);
-  $("sidebar-toggle").addEventListener("click", toggleSidebar);
+  $("sidebar-toggle").addEventListener("click", () => toggleSidebar());
+  // The drawer closes on Escape and on a tap beside it, as drawers do.
+  document.addEventListener("keydown", (event) => {
+    if (event.key === "Escape") toggleSidebar(false);
+  });
+  document.querySelector(".main").addEventListener("click", () => toggleSidebar(false));
   $("sign-out").addEventListener("click", () => {
     localStorage.removeItem(KEY_STORAGE);
     $("messages").replaceChildren();
