@@ -212,7 +212,7 @@ function showReply(view, text) {
 function cutMark() {
   const mark = document.createElement("p");
   mark.className = "cut-mark";
-  mark.textContent = "✂ Reply cut at its length limit: Continue carries it on.";
+  mark.textContent = "✂ Reply cut off at the length limit";
   return mark;
 }
 
