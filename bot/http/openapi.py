@@ -276,7 +276,7 @@ _PATHS: dict[str, dict[str, Any]] = {
             ],
             "responses": {
                 "200": _json("A page of conversations", _CONVERSATIONS),
-                **_errors(400, 401, 403),
+                **_errors(400, 401, 403, 503),
             },
         }
     },
