@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 from typing import Any
 
 from aiohttp.test_utils import TestClient
+from sqlalchemy import event
+from sqlalchemy.exc import OperationalError
+from structlog.testing import capture_logs
 
-from bot.http.keys import TURNS
+from bot.http.keys import READ_SESSIONS, TURNS
 from bot.storage.db import create_engine, create_sessionmaker
 from bot.storage.models import Conversation, Turn
 from tests.conftest import MakeClient, issue_key
@@ -146,3 +150,31 @@ async def test_bad_queries_and_keys_are_refused(db_url: str, make_client: MakeCl
     await refusal(await client.get("/v1/conversations", headers=auth("bot_nope_wrong")), 401)
     admin = await issue_admin_only_key(db_url)
     await refusal(await client.get("/v1/conversations", headers=auth(admin)), 403)
+
+
+async def test_a_database_that_fails_the_listing_is_a_503_with_a_reason(
+    db_url: str, make_client: MakeClient
+) -> None:
+    client = await make_client(db_url)
+    key = await issue_key(db_url)
+    assert (await chat(client, key, "c1", "m0", "A secret first message"))["kind"] == "done"
+    await client.app[TURNS].wait_idle(timeout=60)
+    # The connection is lost just as the listing's statement goes out.
+    engine = client.app[READ_SESSIONS].kw["bind"].sync_engine
+
+    def lose_connection(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if "substr" in statement.lower():
+            raise OperationalError(statement, {}, Exception("server closed the connection"))
+
+    event.listen(engine, "before_cursor_execute", lose_connection)
+    try:
+        with capture_logs() as logs:
+            response = await client.get("/v1/conversations", headers=auth(key))
+            body = await refusal(response, 503)
+    finally:
+        event.remove(engine, "before_cursor_execute", lose_connection)
+    assert "secret" not in json.dumps(body) and "secret" not in json.dumps(logs, default=str)
+    # The database answers again: so does the listing.
+    assert [c["title"] for c in (await listed(client, key))["conversations"]] == [
+        "A secret first message"
+    ]
