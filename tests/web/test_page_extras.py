@@ -9,9 +9,11 @@ from __future__ import annotations
 import asyncio
 import re
 
+import pytest
 from playwright.async_api import Browser, Page, Route, expect
 
 from bot.engine.vllm_local import LocalVLLMEngine
+from bot.http.openapi import documented_paths
 from tests.conftest import MakeClient, issue_key
 from tests.engines import TrickleEngine
 from tests.web.conftest import PHONE, base_url, send
@@ -213,4 +215,41 @@ async def test_a_cut_reply_is_marked_and_offers_continue(
     # After a reload too: the mark comes from the stored turn.
     await page.reload()
     await expect(turn.locator(".cut-mark")).to_be_visible()
+    await page.context.close()
+
+
+CONTINUE = ("post", "/v1/turns/{turn_id}/continue")
+
+
+@pytest.mark.skipif(
+    CONTINUE not in documented_paths(),
+    reason="POST /v1/turns/{id}/continue is not in this build (it comes with resumable replies)",
+)
+async def test_continue_carries_a_cut_reply_on_in_place(
+    sqlite_url: str, make_client: MakeClient, engine: LocalVLLMEngine, browser: Browser
+) -> None:
+    client = await make_client(
+        sqlite_url, generation={"max_tokens": 8, "temperature": 0.0, "top_p": 1.0}
+    )
+    key = await issue_key(sqlite_url, "web-user")
+    page = await signed_in(browser, client, key)
+    await send(page, "Hello there!")
+    await reply_ended(page, 0)
+    turn = page.locator(".turn").nth(0)
+    cut = await turn.locator(".reply").inner_text()
+
+    await turn.get_by_role("button", name="Continue the reply").click()
+    await expect(turn.locator(".reply")).not_to_have_text(cut, timeout=30_000)
+    await reply_ended(page, 0)
+    whole = await turn.locator(".reply").inner_text()
+    assert whole.startswith(cut.rstrip()) and len(whole) > len(cut), (cut, whole)
+    await expect(page.locator(".turn")).to_have_count(1)
+    # The cut reply's tokens came from the prefix cache: only the rest was generated.
+    await turn.locator(".timing-summary").click()
+    facts = await turn.locator(".timing-facts").inner_text()
+    cached = re.search(r"prompt \d+ tok: (\d+) from cache", facts)
+    assert cached is not None and int(cached.group(1)) > 0, facts
+
+    await page.reload()
+    await expect(turn.locator(".reply")).to_have_text(whole)
     await page.context.close()

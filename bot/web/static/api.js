@@ -110,7 +110,8 @@ export class Api {
     return this.json("POST", `/v1/turns/${encodeURIComponent(turnId)}/regenerate`);
   }
 
-  // Carries on a reply cut at the token cap (finish_reason "length").
+  // Carries on a reply cut at the token cap (finish_reason "length"): 202 with the new
+  // turn, whose reply starts with the cut one's `continued_chars` characters.
   continue(turnId) {
     return this.json("POST", `/v1/turns/${encodeURIComponent(turnId)}/continue`);
   }
@@ -127,10 +128,11 @@ export class Api {
     return this.json("POST", `/v1/turns/${encodeURIComponent(turnId)}/cancel`);
   }
 
-  // Yields delta / done / error events; a dropped connection resumes where it left off
-  // (Last-Event-ID is a character offset into the reply). `signal` stops reading.
-  async *events(turnId, signal = undefined) {
-    let offset = 0;
+  // Yields delta / done / error events from character `from` of the reply on; a dropped
+  // connection resumes where it left off (Last-Event-ID is a character offset into the
+  // reply). `signal` stops reading.
+  async *events(turnId, signal = undefined, from = 0) {
+    let offset = from;
     for (let attempt = 0; ; attempt++) {
       let response;
       try {

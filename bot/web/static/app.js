@@ -229,19 +229,21 @@ function failView(view, errorClass, message) {
   view.meta.replaceChildren(renderError(errorClass, message));
 }
 
-// Streams a turn's reply into `view`, after `prefix` (the text a continuation extends).
-async function streamInto(view, turnId, prefix = "") {
+// Streams a turn's reply into `view`. `from` > 0: the view already shows the reply's first
+// `from` characters (a continuation's cut text), the stream starts after them.
+async function streamInto(view, turnId, from = 0) {
   const shown = epoch;
+  if (!from) view.source = "";
   view.bot.classList.add("streaming");
   view.meta.replaceChildren();
   activeTurnId = turnId;
   try {
-    for await (const event of api.events(turnId, streams.signal)) {
+    for await (const event of api.events(turnId, streams.signal, from)) {
       if (shown !== epoch) return;
       if (event.kind === "delta") {
         showReply(view, view.source + event.data.text);
       } else if (event.kind === "done") {
-        showReply(view, prefix + event.data.text);
+        showReply(view, event.data.text); // the whole reply, a continuation's too
         finishView(view, event.data.usage, event.data.timings_ms, event.data.finish_reason);
       } else if (event.kind === "error") {
         failView(view, event.data.error_class, event.data.message);
@@ -263,7 +265,7 @@ function handleFailure(view, error) {
 }
 
 // Runs one exchange into `view`: `start` stores the turn, then its reply streams in.
-async function answer(view, start, prefix = "") {
+async function answer(view, start) {
   const shown = epoch;
   clearError();
   clearControls();
@@ -276,7 +278,8 @@ async function answer(view, start, prefix = "") {
     if (shown !== epoch) return;
     view.turnId = accepted.turn_id;
     refreshList(); // stored: a new conversation is listed now, a used one moves to the top
-    await streamInto(view, accepted.turn_id, prefix);
+    // A continuation's reply starts with the cut text, which the view shows already.
+    await streamInto(view, accepted.turn_id, accepted.continued_chars || 0);
     answered = shown === epoch;
   } catch (error) {
     if (shown !== epoch) return; // the page has moved on: nothing of this is on screen
@@ -318,13 +321,14 @@ function regenerate(turn) {
   return answer(addTurnView(turn.text), () => api.regenerate(turn.turn_id));
 }
 
-// A cut reply goes on in place: its text stays, the continuation's streams in after it.
+// A cut reply goes on in place: a new turn (POST /v1/turns/{id}/continue, docs/replies.md)
+// whose reply is the whole reply, the cut text and then the new; it becomes the active
+// version and the cut one stays a version beside it.
 function continueReply(turn) {
   if ($("send").disabled) return;
   const view = views[views.length - 1];
-  const prefix = turn.reply || "";
-  view.source = prefix;
-  return answer(view, () => api.continue(turn.turn_id), prefix);
+  view.source = turn.reply || "";
+  return answer(view, () => api.continue(turn.turn_id));
 }
 
 function startEdit(view, turn) {
