@@ -228,14 +228,17 @@ CONTINUE = ("post", "/v1/turns/{turn_id}/continue")
 async def test_continue_carries_a_cut_reply_on_in_place(
     sqlite_url: str, make_client: MakeClient, engine: LocalVLLMEngine, browser: Browser
 ) -> None:
+    # Twelve tokens: the demo model's reply to this message is cut, and its next twelve
+    # tokens decode to visible text.
     client = await make_client(
-        sqlite_url, generation={"max_tokens": 8, "temperature": 0.0, "top_p": 1.0}
+        sqlite_url, generation={"max_tokens": 12, "temperature": 0.0, "top_p": 1.0}
     )
     key = await issue_key(sqlite_url, "web-user")
     page = await signed_in(browser, client, key)
     await send(page, "Hello there!")
     await reply_ended(page, 0)
     turn = page.locator(".turn").nth(0)
+    await expect(turn.locator(".cut-mark")).to_be_visible()
     cut = await turn.locator(".reply").inner_text()
 
     await turn.get_by_role("button", name="Continue the reply").click()
