@@ -142,6 +142,28 @@ _EDIT_IN = {
     "required": ["text"],
     "properties": {"text": {"type": "string", "minLength": 1}},
 }
+_TIME = {"type": "string", "format": "date-time"}
+_CONVERSATIONS = {
+    "type": "object",
+    "required": ["conversations", "next_cursor"],
+    "properties": {
+        "conversations": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["conversation_id", "title", "persona", "created_at", "updated_at"],
+                "properties": {
+                    "conversation_id": {"type": "string"},
+                    "title": {"type": "string", "nullable": True},
+                    "persona": {"type": "string", "nullable": True},
+                    "created_at": _TIME,
+                    "updated_at": _TIME,
+                },
+            },
+        },
+        "next_cursor": {"type": "string", "nullable": True},
+    },
+}
 _SSE = {"description": "Server-Sent Events", "content": {"text/event-stream": {}}}
 
 _PATHS: dict[str, dict[str, Any]] = {
@@ -231,6 +253,32 @@ _PATHS: dict[str, dict[str, Any]] = {
             "security": _BEARER,
             "parameters": [_path_param("turn_id")],
             "responses": {"200": _json("Activated"), **_errors(401, 403, 404, 409)},
+        }
+    },
+    "/v1/conversations": {
+        "get": {
+            "summary": "The key owner's API conversations, newest first, titled by the first "
+            "words of their first message; next_cursor reads the next page",
+            "security": _BEARER,
+            "parameters": [
+                {
+                    "name": "limit",
+                    "in": "query",
+                    "required": False,
+                    "schema": {"type": "integer", "minimum": 1, "maximum": 100, "default": 20},
+                },
+                {
+                    "name": "cursor",
+                    "in": "query",
+                    "required": False,
+                    "schema": {"type": "string", "maxLength": 200},
+                    "description": "A previous page's next_cursor; anything else is a 400",
+                },
+            ],
+            "responses": {
+                "200": _json("A page of conversations", _CONVERSATIONS),
+                **_errors(400, 401, 403, 503),
+            },
         }
     },
     "/v1/conversations/{conversation_id}/turns": {

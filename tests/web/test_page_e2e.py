@@ -53,18 +53,21 @@ async def test_sign_in_chat_stream_timing_reload(
     await page.evaluate(WATCH_REPLIES)
     await send(page, "Hello there!")
     turns = page.locator(".turn")
-    await expect(turns.nth(0).locator(".timing-bar")).to_be_visible(timeout=20_000)
+    await expect(turns.nth(0).locator(".timing-summary")).to_be_visible(timeout=20_000)
     lengths = await page.evaluate("window.replyLengths.filter((n) => n > 0)")
     # At least two partial states were on screen before the reply was complete. (vLLM merges
     # the steps a slow reader has not taken yet, so on a busy machine there may be few.)
     assert len(set(lengths)) >= 2, f"the reply did not stream: {lengths}"
 
     await send(page, "And how are you?")
-    await expect(turns.nth(1).locator(".timing-bar")).to_be_visible(timeout=20_000)
+    await expect(turns.nth(1).locator(".timing-summary")).to_be_visible(timeout=20_000)
     await expect(turns).to_have_count(2)
 
     replies = [await turns.nth(i).locator(".reply").inner_text() for i in range(2)]
     assert all(reply.strip() for reply in replies)
+    # The timing is one line under the reply; a click opens where the time went.
+    await turns.nth(1).locator(".timing-summary").click()
+    await expect(turns.nth(1).locator(".timing-bar")).to_be_visible()
     # The bar is split by layer; prefill and decode come from vLLM's own timestamps.
     layers = (
         await turns.nth(1)
@@ -82,13 +85,13 @@ async def test_sign_in_chat_stream_timing_reload(
 
     await page.screenshot(path=str(artifacts / "web-chat.png"), full_page=True)
 
-    # Reload: the same conversation comes back, replies and timing bars included.
+    # Reload: the same conversation comes back, replies and timing lines included.
     await page.reload()
     await expect(turns).to_have_count(2)
     # Each reply is rendered once the page's Markdown module has loaded: wait for it.
     for index, reply in enumerate(replies):
         await expect(turns.nth(index).locator(".reply")).to_have_text(reply)
-    await expect(turns.nth(1).locator(".timing-bar")).to_be_visible()
+    await expect(turns.nth(1).locator(".timing-summary")).to_be_visible()
 
     # The key never travelled in a URL the server saw.
     assert requests and not any(key in url for url in requests)
@@ -104,7 +107,7 @@ async def test_sign_in_chat_stream_timing_reload(
     await page.set_viewport_size(PHONE)
     await page.get_by_role("button", name="New conversation").click()
     await send(page, "Hi from a phone")
-    await expect(turns.nth(0).locator(".timing-bar")).to_be_visible(timeout=20_000)
+    await expect(turns.nth(0).locator(".timing-summary")).to_be_visible(timeout=20_000)
     assert await page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
     await page.screenshot(path=str(artifacts / "web-chat-phone.png"), full_page=True)
     await context.close()

@@ -22,7 +22,7 @@ async (timings) => {
   const usage = { prompt_tokens: 40, cached_tokens: 32, completion_tokens: 6 };
   const figure = renderTiming(usage, timings);
   document.body.replaceChildren(figure);
-  figure.querySelector('details').open = true;
+  figure.open = true;
   const legend = [...figure.querySelectorAll('.timing-legend li')];
   return [...figure.querySelectorAll('.timing-bar .layer')].map((part, index) => ({
     name: part.dataset.layer,

@@ -34,10 +34,10 @@ async def test_the_usage_line_follows_each_reply(
 
     turns = page.locator(".turn")
     await send(page, "Hello there!")
-    await expect(turns.nth(0).locator(".timing-bar")).to_be_visible(timeout=30_000)
+    await expect(turns.nth(0).locator(".timing-summary")).to_be_visible(timeout=30_000)
     await expect(line).to_contain_text("Today (UTC): 1 message · ")
     await send(page, "And how are you?")
-    await expect(turns.nth(1).locator(".timing-bar")).to_be_visible(timeout=30_000)
+    await expect(turns.nth(1).locator(".timing-summary")).to_be_visible(timeout=30_000)
     await expect(line).to_contain_text("Today (UTC): 2 messages · ")
 
     today = (await (await client.get("/v1/usage", headers=auth(key))).json())["today"]

@@ -28,9 +28,9 @@ async def test_regenerate_edit_and_page_through_versions(
     turns = page.locator(".turn")
     position = turns.nth(1).locator(".version-position")
     await send(page, "Hello there!")
-    await expect(turns.nth(0).locator(".timing-bar")).to_be_visible(timeout=20_000)
+    await expect(turns.nth(0).locator(".timing-summary")).to_be_visible(timeout=20_000)
     await send(page, "Tell me about Paris.")
-    await expect(turns.nth(1).locator(".timing-bar")).to_be_visible(timeout=20_000)
+    await expect(turns.nth(1).locator(".timing-summary")).to_be_visible(timeout=20_000)
     # Only the last turn can be regenerated or edited.
     await expect(page.get_by_role("button", name="Regenerate the reply")).to_have_count(1)
     await expect(turns.nth(0).get_by_role("button", name="Edit your text")).to_have_count(0)
@@ -38,7 +38,7 @@ async def test_regenerate_edit_and_page_through_versions(
     await turns.nth(1).get_by_role("button", name="Regenerate the reply").click()
     await expect(position).to_have_text("2/2", timeout=20_000)
     await expect(turns).to_have_count(2)
-    await expect(turns.nth(1).locator(".timing-bar")).to_be_visible()
+    await expect(turns.nth(1).locator(".timing-summary")).to_be_visible()
     await expect(turns.nth(1).locator(".bubble.user")).to_have_text("Tell me about Paris.")
 
     await turns.nth(1).get_by_role("button", name="Edit your text").click()
@@ -46,7 +46,7 @@ async def test_regenerate_edit_and_page_through_versions(
     await page.get_by_role("button", name="Save and answer").click()
     await expect(position).to_have_text("3/3", timeout=20_000)
     await expect(turns.nth(1).locator(".bubble.user")).to_have_text("Tell me about Lyon.")
-    await expect(turns.nth(1).locator(".timing-bar")).to_be_visible()
+    await expect(turns.nth(1).locator(".timing-summary")).to_be_visible()
     await page.screenshot(path=str(artifacts / "web-versions.png"), full_page=True)
 
     # The versions are stored: after a reload the page shows the same, and pages back.
@@ -63,7 +63,7 @@ async def test_regenerate_edit_and_page_through_versions(
 
     # A message now continues the version on screen.
     await send(page, "Thanks!")
-    await expect(turns.nth(2).locator(".timing-bar")).to_be_visible(timeout=20_000)
+    await expect(turns.nth(2).locator(".timing-summary")).to_be_visible(timeout=20_000)
     await page.reload()
     await expect(turns).to_have_count(3)
     await expect(position).to_have_text("1/3")

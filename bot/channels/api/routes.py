@@ -15,7 +15,7 @@ from pydantic import Field
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from bot.apikeys import Principal
-from bot.channels.api import branches, history, usage
+from bot.channels.api import branches, conversations, history, usage
 from bot.channels.api.auth import authenticate_chat
 from bot.channels.api.history import turn_document
 from bot.channels.api.streaming import reserve_stream, stream_turn, wants_event_stream
@@ -222,5 +222,6 @@ def setup(app: web.Application, tables: list[None], wiring: Wiring) -> None:
     app.router.add_get("/v1/turns/{turn_id}/events", turn_events)
     app.router.add_post("/v1/turns/{turn_id}/cancel", cancel_turn)
     history.setup(app)
+    conversations.setup(app)
     usage.setup(app)
     branches.setup(app)

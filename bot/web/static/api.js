@@ -9,6 +9,10 @@ export class ApiError extends Error {
 }
 
 const RECONNECTS = 3;
+const PAGE = 30; // conversations a page of the list holds
+
+// The page stopped reading (it shows another conversation now): not an error to show.
+const aborted = () => new ApiError("aborted", "No longer followed.", 0);
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 
 async function* parseSse(body) {
@@ -61,6 +65,7 @@ export class Api {
     try {
       return await fetch(path, { ...options, headers: this.headers(options.headers) });
     } catch {
+      if (options.signal?.aborted) throw aborted();
       throw new ApiError("network", "Cannot reach the service.", 0);
     }
   }
@@ -77,6 +82,13 @@ export class Api {
 
   history(conversationId) {
     return this.json("GET", `/v1/conversations/${encodeURIComponent(conversationId)}/turns`);
+  }
+
+  // The key's conversations, newest first; `cursor` (a page's next_cursor) reads on.
+  conversations(cursor = null) {
+    const query = new URLSearchParams({ limit: String(PAGE) });
+    if (cursor) query.set("cursor", cursor);
+    return this.json("GET", `/v1/conversations?${query}`);
   }
 
   usage() {
@@ -98,6 +110,12 @@ export class Api {
     return this.json("POST", `/v1/turns/${encodeURIComponent(turnId)}/regenerate`);
   }
 
+  // Carries on a reply cut at the token cap (finish_reason "length"): 202 with the new
+  // turn, whose reply starts with the cut one's `continued_chars` characters.
+  continue(turnId) {
+    return this.json("POST", `/v1/turns/${encodeURIComponent(turnId)}/continue`);
+  }
+
   edit(turnId, text) {
     return this.json("POST", `/v1/turns/${encodeURIComponent(turnId)}/edit`, { text });
   }
@@ -110,18 +128,20 @@ export class Api {
     return this.json("POST", `/v1/turns/${encodeURIComponent(turnId)}/cancel`);
   }
 
-  // Yields delta / done / error events; a dropped connection resumes where it left off
-  // (Last-Event-ID is a character offset into the reply).
-  async *events(turnId) {
-    let offset = 0;
+  // Yields delta / done / error events from character `from` of the reply on; a dropped
+  // connection resumes where it left off (Last-Event-ID is a character offset into the
+  // reply). `signal` stops reading.
+  async *events(turnId, signal = undefined, from = 0) {
+    let offset = from;
     for (let attempt = 0; ; attempt++) {
       let response;
       try {
         response = await this.fetch(`/v1/turns/${encodeURIComponent(turnId)}/events`, {
           headers: { Accept: "text/event-stream", "Last-Event-ID": String(offset) },
+          signal,
         });
       } catch (error) {
-        if (attempt >= RECONNECTS) throw error;
+        if (signal?.aborted || attempt >= RECONNECTS) throw error;
         await sleep(500 * (attempt + 1));
         continue;
       }
@@ -132,7 +152,8 @@ export class Api {
           yield event;
           if (event.kind !== "delta") return;
         }
-      } catch (error) {
+      } catch {
+        if (signal?.aborted) throw aborted();
         if (attempt >= RECONNECTS) throw new ApiError("network", "The reply stream broke.", 0);
       }
       if (attempt >= RECONNECTS) throw new ApiError("network", "The reply stream ended early.", 0);

@@ -1,16 +1,20 @@
 // The chat page: sign in, show the conversation, stream replies, keep it across reloads;
-// regenerate the last reply, edit the last message, and page through the versions "‹ 2/3 ›"
-// of an exchange (the conversation's history is a tree: each version is a branch).
+// switch between the key's conversations; regenerate the last reply, edit the last
+// message, continue a reply cut at the token cap, and page through the versions
+// "‹ 2/3 ›" of an exchange (the conversation's history is a tree: each version a branch).
 
 import { Api, ApiError } from "./api.js";
+import { ConversationList } from "./conversations.js";
 import { renderError } from "./errors.js";
 import { renderMarkdown } from "./markdown.js";
 import { chosenPersona, loadPersonas, personaOpen, showPersona } from "./personas.js";
+import { FollowBottom } from "./scroll.js";
 import { renderTiming } from "./timing.js";
 import { showUsage } from "./usage.js";
 
 const KEY_STORAGE = "bot.apiKey";
 const CONVERSATION_STORAGE = "bot.conversationId";
+const CUT = "length"; // the finish_reason of a reply stopped at the token cap
 const $ = (id) => document.getElementById(id);
 
 let api = null;
@@ -18,6 +22,12 @@ let conversationId = null;
 let activeTurnId = null;
 let owner = "";
 let views = []; // the turn views on screen, oldest first; each knows its turnId once stored
+// Bumped whenever the page leaves what it showed (another conversation, key, sign-out):
+// a reply still streaming for the old one stops drawing, and its stream is closed.
+let epoch = 0;
+let streams = new AbortController();
+let follow = null;
+const conversations = new ConversationList((id) => openConversation(id));
 
 function randomId(prefix) {
   // getRandomValues works on plain http too (randomUUID needs a secure context).
@@ -25,13 +35,16 @@ function randomId(prefix) {
   return prefix + Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("");
 }
 
-// `make run` opens /#key=...: the fragment never reaches the server; drop it from the
-// address bar (and so from history and bookmarks) as soon as the key is stored.
+// `make run` prints /#key=...: the fragment never reaches the server. It is read when
+// the page loads and when such a link is pasted into a tab already on the page (only
+// the fragment changes: no load, a hashchange); either way it leaves the address bar
+// (and so history and bookmarks) at once.
 function takeKeyFromFragment() {
   const params = new URLSearchParams(location.hash.slice(1));
   const key = params.get("key");
   if (key) localStorage.setItem(KEY_STORAGE, key);
   if (location.hash) history.replaceState(null, "", location.pathname + location.search);
+  return key;
 }
 
 function showError(errorClass, message) {
@@ -45,27 +58,54 @@ function clearError() {
   $("error").replaceChildren();
 }
 
+function leave() {
+  epoch += 1;
+  streams.abort();
+  streams = new AbortController();
+  activeTurnId = null;
+  setBusy(false);
+}
+
 function showSignIn() {
+  leave();
   api = null;
-  $("sign-in").hidden = false;
-  $("chat").hidden = true;
-  $("new-conversation").hidden = true;
-  $("sign-out").hidden = true;
+  toggleSidebar(false);
+  conversations.clear();
+  for (const id of ["chat", "sidebar", "sidebar-toggle", "new-conversation", "sign-out"]) {
+    $(id).hidden = true;
+  }
   $("persona-picker").hidden = true;
+  $("usage").hidden = true;
+  $("conversation-label").textContent = "";
+  $("sign-in").hidden = false;
   $("api-key").focus();
 }
 
 function showChat() {
   $("sign-in").hidden = true;
-  $("chat").hidden = false;
-  $("new-conversation").hidden = false;
-  $("sign-out").hidden = false;
-  $("conversation-label").textContent = `${owner} · ${conversationId}`;
+  for (const id of ["chat", "sidebar", "sidebar-toggle", "new-conversation", "sign-out"]) {
+    $(id).hidden = false;
+  }
+  showLabel();
   $("message").focus();
+}
+
+// Who is signed in and which conversation is on screen, on one line (cut with "…").
+function showLabel() {
+  const first = views.length ? views[0].user.textContent : "";
+  const title = conversations.titleOf(conversationId) || first || "New conversation";
+  $("conversation-label").textContent = `${owner} · ${title}`;
+  $("conversation-label").title = `${owner} · ${conversationId}`;
 }
 
 function refreshUsage() {
   if (api) showUsage(api, $("usage"));
+}
+
+async function refreshList() {
+  if (!api) return;
+  await conversations.refresh(api, conversationId);
+  showLabel();
 }
 
 function setBusy(busy) {
@@ -88,7 +128,6 @@ function addTurnView(userText) {
   bot.append(text, meta);
   item.append(user, bot);
   $("messages").append(item);
-  item.scrollIntoView({ block: "end" });
   const view = { item, user, bot, text, meta, source: "", pending: 0, turnId: null };
   views.push(view);
   return view;
@@ -109,7 +148,7 @@ function clearControls() {
 }
 
 // Under each turn: "‹ 2/3 ›" when the exchange has versions; under the last one, once it
-// has ended, Regenerate and Edit.
+// has ended, Regenerate and Edit, and Continue when its reply was cut at the token cap.
 function showControls(turns) {
   clearControls();
   turns.forEach((turn, index) => {
@@ -133,6 +172,9 @@ function showControls(turns) {
     }
     const ended = turn.status === "done" || turn.status === "failed";
     if (index === turns.length - 1 && ended) {
+      if (turn.status === "done" && turn.finish_reason === CUT) {
+        bar.append(controlButton("Continue", "Continue the reply", () => continueReply(turn)));
+      }
       bar.append(
         controlButton("Regenerate", "Regenerate the reply", () => regenerate(turn)),
         controlButton("Edit", "Edit your text", () => startEdit(view, turn)),
@@ -145,9 +187,10 @@ function showControls(turns) {
 // After a turn ends: the controls from the stored tree (a full redraw if the page and the
 // server disagree on which turns are shown).
 async function refreshControls() {
+  const shown = epoch;
   const conversation = await api.history(conversationId);
-  // A message sent meanwhile is being answered: its own refresh comes when it ends.
-  if ($("send").disabled) return;
+  // Another conversation since, or a message sent meanwhile (its own refresh comes).
+  if (shown !== epoch || $("send").disabled) return;
   const same =
     conversation.turns.length === views.length &&
     conversation.turns.every((turn, index) => turn.turn_id === views[index].turnId);
@@ -165,9 +208,19 @@ function showReply(view, text) {
   });
 }
 
-function finishView(view, usage, timings) {
+// A reply stopped at the token cap says so, in words, under its text.
+function cutMark() {
+  const mark = document.createElement("p");
+  mark.className = "cut-mark";
+  mark.textContent = "✂ Reply cut off at the length limit";
+  return mark;
+}
+
+function finishView(view, usage, timings, finishReason) {
   view.bot.classList.remove("streaming");
-  view.meta.replaceChildren(renderTiming(usage, timings));
+  const parts = [renderTiming(usage, timings)];
+  if (finishReason === CUT) parts.unshift(cutMark());
+  view.meta.replaceChildren(...parts);
 }
 
 function failView(view, errorClass, message) {
@@ -176,23 +229,28 @@ function failView(view, errorClass, message) {
   view.meta.replaceChildren(renderError(errorClass, message));
 }
 
-async function streamInto(view, turnId) {
+// Streams a turn's reply into `view`. `from` > 0: the view already shows the reply's first
+// `from` characters (a continuation's cut text), the stream starts after them.
+async function streamInto(view, turnId, from = 0) {
+  const shown = epoch;
+  if (!from) view.source = "";
   view.bot.classList.add("streaming");
+  view.meta.replaceChildren();
   activeTurnId = turnId;
   try {
-    for await (const event of api.events(turnId)) {
+    for await (const event of api.events(turnId, streams.signal, from)) {
+      if (shown !== epoch) return;
       if (event.kind === "delta") {
         showReply(view, view.source + event.data.text);
-        view.item.scrollIntoView({ block: "end" });
       } else if (event.kind === "done") {
-        showReply(view, event.data.text);
-        finishView(view, event.data.usage, event.data.timings_ms);
+        showReply(view, event.data.text); // the whole reply, a continuation's too
+        finishView(view, event.data.usage, event.data.timings_ms, event.data.finish_reason);
       } else if (event.kind === "error") {
         failView(view, event.data.error_class, event.data.message);
       }
     }
   } finally {
-    activeTurnId = null;
+    if (shown === epoch) activeTurnId = null;
   }
 }
 
@@ -206,24 +264,31 @@ function handleFailure(view, error) {
   }
 }
 
-async function answer(text, start) {
+// Runs one exchange into `view`: `start` stores the turn, then its reply streams in.
+async function answer(view, start) {
+  const shown = epoch;
   clearError();
   clearControls();
-  const view = addTurnView(text);
   view.bot.classList.add("streaming");
   setBusy(true);
+  follow.toBottom(); // who sends wants to see the answer
   let answered = false;
   try {
     const accepted = await start();
+    if (shown !== epoch) return;
     view.turnId = accepted.turn_id;
-    await streamInto(view, accepted.turn_id);
-    answered = true;
+    refreshList(); // stored: a new conversation is listed now, a used one moves to the top
+    // A continuation's reply starts with the cut text, which the view shows already.
+    await streamInto(view, accepted.turn_id, accepted.continued_chars || 0);
+    answered = shown === epoch;
   } catch (error) {
+    if (shown !== epoch) return; // the page has moved on: nothing of this is on screen
     handleFailure(view, error);
   } finally {
-    setBusy(false);
-    refreshUsage();
+    if (shown === epoch) setBusy(false);
   }
+  if (shown !== epoch) return;
+  refreshUsage();
   // The chat is open again as soon as the reply is in; its versions and buttons follow.
   if (answered) {
     await refreshControls().catch((error) => showError(error.errorClass || "internal", error.message));
@@ -233,7 +298,7 @@ async function answer(text, start) {
 function send(text) {
   const starts = personaOpen();
   const persona = chosenPersona();
-  return answer(text, async () => {
+  return answer(addTurnView(text), async () => {
     showPersona(true, persona);
     try {
       return await api.send(conversationId, randomId("msg-"), text, persona);
@@ -253,7 +318,17 @@ function replaceLast() {
 function regenerate(turn) {
   if ($("send").disabled) return;
   replaceLast();
-  return answer(turn.text, () => api.regenerate(turn.turn_id));
+  return answer(addTurnView(turn.text), () => api.regenerate(turn.turn_id));
+}
+
+// A cut reply goes on in place: a new turn (POST /v1/turns/{id}/continue, docs/replies.md)
+// whose reply is the whole reply, the cut text and then the new; it becomes the active
+// version and the cut one stays a version beside it.
+function continueReply(turn) {
+  if ($("send").disabled) return;
+  const view = views[views.length - 1];
+  view.source = turn.reply || "";
+  return answer(view, () => api.continue(turn.turn_id));
 }
 
 function startEdit(view, turn) {
@@ -277,7 +352,7 @@ function startEdit(view, turn) {
     const text = box.value;
     if (!text.trim()) return;
     replaceLast();
-    answer(text, () => api.edit(turn.turn_id, text));
+    answer(addTurnView(text), () => api.edit(turn.turn_id, text));
   });
   view.user.replaceWith(form);
   box.focus();
@@ -295,6 +370,7 @@ async function switchTo(turnId) {
 }
 
 async function restore(turns) {
+  const shown = epoch;
   $("messages").replaceChildren();
   views = [];
   const unfinished = [];
@@ -302,10 +378,12 @@ async function restore(turns) {
     const view = addTurnView(turn.text);
     view.turnId = turn.turn_id;
     showReply(view, turn.reply || "");
-    if (turn.status === "done") finishView(view, turn.usage, turn.timings_ms);
+    if (turn.status === "done") finishView(view, turn.usage, turn.timings_ms, turn.finish_reason);
     else if (turn.status === "failed") failView(view, turn.error_class || "internal", "");
     else unfinished.push([view, turn.turn_id]);
   }
+  showLabel();
+  follow.toBottom();
   if (!unfinished.length) showControls(turns);
   // A reply still being generated when the page was reloaded: follow it again.
   for (const [view, turnId] of unfinished) {
@@ -314,20 +392,44 @@ async function restore(turns) {
     try {
       await streamInto(view, turnId);
     } catch (error) {
+      if (shown !== epoch) return;
       handleFailure(view, error);
     } finally {
-      setBusy(false);
+      if (shown === epoch) setBusy(false);
     }
   }
-  if (unfinished.length) await refreshControls().catch(() => {});
+  if (unfinished.length && shown === epoch) await refreshControls().catch(() => {});
+}
+
+// Shows conversation `id` of the signed-in key (an empty one if it has no message yet).
+async function showConversation(id, conversation) {
+  leave();
+  conversationId = id;
+  localStorage.setItem(CONVERSATION_STORAGE, id);
+  conversations.mark(id);
+  clearError();
+  showPersona(conversation.turns.length > 0, conversation.persona);
+  showChat();
+  await restore(conversation.turns);
+}
+
+async function openConversation(id) {
+  toggleSidebar(false);
+  if (id === conversationId) return;
+  try {
+    await showConversation(id, await api.history(id));
+  } catch (error) {
+    showError(error.errorClass || "internal", error.message);
+  }
 }
 
 async function signIn(key) {
+  leave();
   clearError();
-  api = new Api(key);
+  const candidate = new Api(key);
   let conversation;
   try {
-    conversation = await api.history(conversationId);
+    conversation = await candidate.history(conversationId);
   } catch (error) {
     if (error instanceof ApiError && error.status === 401) {
       localStorage.removeItem(KEY_STORAGE);
@@ -339,23 +441,32 @@ async function signIn(key) {
     }
     return;
   }
+  api = candidate;
   localStorage.setItem(KEY_STORAGE, key);
   owner = conversation.owner;
   await loadPersonas(api);
-  showPersona(conversation.turns.length > 0, conversation.persona);
-  showChat();
   refreshUsage();
-  await restore(conversation.turns);
+  await showConversation(conversationId, conversation);
+  await refreshList();
 }
 
 function newConversation() {
+  leave();
   conversationId = randomId("web-");
   localStorage.setItem(CONVERSATION_STORAGE, conversationId);
   $("messages").replaceChildren();
   views = [];
   clearError();
   showPersona(false);
+  conversations.mark(conversationId);
+  toggleSidebar(false);
   if (api) showChat();
+}
+
+// On narrow screens the list is a drawer over the chat, opened from the header.
+function toggleSidebar(open = !document.body.classList.contains("sidebar-open")) {
+  document.body.classList.toggle("sidebar-open", open);
+  $("sidebar-toggle").setAttribute("aria-expanded", String(open));
 }
 
 function wire() {
@@ -387,18 +498,27 @@ function wire() {
     }
   });
   $("new-conversation").addEventListener("click", newConversation);
+  $("sidebar-toggle").addEventListener("click", () => toggleSidebar());
+  // The drawer closes on Escape and on a tap beside it, as drawers do.
+  document.addEventListener("keydown", (event) => {
+    if (event.key === "Escape") toggleSidebar(false);
+  });
+  document.querySelector(".main").addEventListener("click", () => toggleSidebar(false));
   $("sign-out").addEventListener("click", () => {
     localStorage.removeItem(KEY_STORAGE);
     $("messages").replaceChildren();
     views = [];
-    $("conversation-label").textContent = "";
-    $("usage").hidden = true;
     clearError();
     showSignIn();
+  });
+  window.addEventListener("hashchange", () => {
+    const key = takeKeyFromFragment();
+    if (key) signIn(key);
   });
 }
 
 function main() {
+  follow = new FollowBottom($("scroller"), $("messages"), $("jump"));
   takeKeyFromFragment();
   conversationId = localStorage.getItem(CONVERSATION_STORAGE);
   if (!conversationId) {

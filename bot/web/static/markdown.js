@@ -4,8 +4,10 @@
 // (a user can ask it to echo anything). DOMPurify then keeps only the tags Markdown
 // produces and drops dangerous URLs, as a second line of defence. Links open in a new
 // tab without a referrer. The text is re-rendered whole on each streamed delta, so an
-// unclosed **bold** or code fence shows as typed until it closes.
+// unclosed **bold** or code fence shows as typed until it closes. Each code block gets
+// a Copy button (copy.js), added after sanitising.
 
+import { addCopyButtons } from "./copy.js";
 import { Marked } from "./vendor/marked.esm.js";
 import DOMPurify from "./vendor/purify.es.js";
 
@@ -46,10 +48,11 @@ DOMPurify.addHook("afterSanitizeAttributes", (node) => {
 
 export function renderMarkdown(text) {
   const html = markdown.parse(text, { async: false });
-  return DOMPurify.sanitize(html, {
+  const fragment = DOMPurify.sanitize(html, {
     ALLOWED_TAGS,
     ALLOWED_ATTR,
     ADD_ATTR: ["target", "rel"],
     RETURN_DOM_FRAGMENT: true,
   });
+  return addCopyButtons(fragment);
 }

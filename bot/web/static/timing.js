@@ -1,4 +1,6 @@
-// The per-reply picture of where the time went: a bar split by layer, TTFT, tokens/s, cache.
+// Under each reply, one small line (total time, tokens/s, share of the prompt from the
+// cache) that opens on click into the picture of where the time went: a bar split by
+// layer, the largest layers, TTFT and the prompt's tokens, and every layer explained.
 
 // The server's layers (bot/turns/timing.py's LAYERS), in its order, with what each means.
 const LAYERS = [
@@ -41,10 +43,36 @@ function tokensPerSecond(usage, timings) {
   return decodeMs > 0 && tokens > 0 ? Math.round((tokens * 1000) / decodeMs) : null;
 }
 
-export function renderTiming(usage = {}, timings = {}) {
-  const figure = document.createElement("figure");
-  figure.className = "timing";
+const seconds = (value) => (value >= 1000 ? `${(value / 1000).toFixed(1)} s` : ms(value));
 
+// The line a reply shows while closed: a person's three numbers, not a console's twelve.
+function summaryText(usage, timings) {
+  const prompt = usage.prompt_tokens ?? 0;
+  const cached = usage.cached_tokens ?? 0;
+  const rate = tokensPerSecond(usage, timings);
+  return [
+    timings.e2e != null ? seconds(timings.e2e) : null,
+    rate != null ? `${rate} tok/s` : null,
+    prompt > 0 ? `${Math.round((100 * cached) / prompt)}% cached` : null,
+  ]
+    .filter(Boolean)
+    .join(" · ");
+}
+
+export function renderTiming(usage = {}, timings = {}) {
+  const details = document.createElement("details");
+  details.className = "timing";
+  const summary = document.createElement("summary");
+  summary.className = "timing-summary";
+  summary.textContent = summaryText(usage, timings) || "timing";
+  summary.title = "Where the time went";
+  details.append(summary, renderDetail(usage, timings));
+  return details;
+}
+
+function renderDetail(usage, timings) {
+  const figure = document.createElement("figure");
+  figure.className = "timing-detail";
   const present = layersIn(timings);
   const total = present.reduce((sum, [name]) => sum + timings[name], 0);
   const bar = document.createElement("div");
@@ -93,11 +121,8 @@ export function renderTiming(usage = {}, timings = {}) {
     top.append(item);
   }
 
-  const legend = document.createElement("details");
-  legend.className = "timing-legend";
-  const summary = document.createElement("summary");
-  summary.textContent = "where the time went";
   const list = document.createElement("ul");
+  list.className = "timing-legend";
   for (const [name, label] of present) {
     const item = document.createElement("li");
     const swatch = document.createElement("span");
@@ -105,8 +130,6 @@ export function renderTiming(usage = {}, timings = {}) {
     item.append(swatch, `${name}: ${ms(timings[name])} — ${label}`);
     list.append(item);
   }
-  legend.append(summary, list);
-
-  figure.append(bar, top, caption, legend);
+  figure.append(bar, top, caption, list);
   return figure;
 }
