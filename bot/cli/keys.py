@@ -37,7 +37,10 @@ def keys() -> None:
 
 @keys.command("create")
 @click.argument("name")
-@click.option("--owner", help="Tenant the key acts for (default: NAME).")
+@click.option(
+    "--owner",
+    help="Who the key acts for (default: NAME); its conversations are stored under key:OWNER.",
+)
 @click.option(
     "--scope",
     "scopes",
@@ -65,7 +68,10 @@ def keys_create(
             )
             return issued.key
 
-    key = asyncio.run(run())
+    try:
+        key = asyncio.run(run())
+    except ValueError as exc:  # an owner no key may have (``bot.turns.owners``)
+        raise click.ClickException(str(exc)) from None
     click.echo(key)
     click.echo(
         f"created key {name!r} (prefix {key.split('_')[1]}); store it now, it is not shown again",
