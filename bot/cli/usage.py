@@ -9,7 +9,7 @@ import time
 
 import click
 
-from bot.cli.common import Context, db_sessionmakers, masks_database_password, pass_context
+from bot.cli.common import Context, db_sessionmakers, pass_context
 from bot.turns.usage import UsageQuery, UsageReports, UsageRow, cache_share, utc_day
 
 DEFAULT_DAYS = 7
@@ -76,7 +76,6 @@ def format_table(rows: list[UsageRow]) -> str:
 )
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
 @pass_context
-@masks_database_password
 def usage(
     ctx: Context,
     owner: str | None,
