@@ -80,18 +80,25 @@ def serve(ctx: Context) -> None:
 
     Refuses to start on a database with pending migrations. Under systemd
     (Type=notify) it reports READY=1 once the database and the engine answer,
-    and pings the watchdog while the engine is healthy.
+    and pings the watchdog while the engine is healthy. Once the settings are
+    loaded, the secrets' BOT_* variables leave its environment: the engine's
+    processes do not inherit them.
 
     \b
     Examples:
       botctl serve
       BOT_SERVER__HOST=0.0.0.0 botctl --config /etc/bot/bot.toml serve
     """
+    from bot.config import Settings
     from bot.log import configure_logging
+    from bot.secret_files import scrub_process_environment
     from bot.serve import serve as serve_forever
     from bot.storage.migrate import pending_migrations
 
     settings = ctx.settings
+    # Loaded: what the service starts from here on (vLLM's engine processes) inherits
+    # its environment, and needs none of its secrets.
+    scrub_process_environment(Settings)
     configure_logging(settings.logging.level, settings.logging.format)
     pending = asyncio.run(pending_migrations(settings.database.url))
     if pending:
