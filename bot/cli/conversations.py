@@ -24,7 +24,10 @@ from bot.cli.common import Context, db_sessionmakers, pass_context
 def _selector_options(function: Any) -> Any:
     for option in reversed(
         [
-            click.option("--owner", help="Only this owner's (tenant's) conversations."),
+            click.option(
+                "--owner",
+                help="Only this owner's (tenant's) conversations: key:OWNER for an API key's.",
+            ),
             click.option("--channel", help="Only this channel, e.g. api, telegram:support."),
             click.option(
                 "--key", "external_key", help="Only this conversation key of the channel."
@@ -41,10 +44,10 @@ def conversations() -> None:
 
     \b
     Examples:
-      botctl conversations list --owner alice
+      botctl conversations list --owner key:alice
       botctl conversations show 3f1c...                  # turns and messages
-      botctl conversations export --owner alice -o alice.jsonl
-      botctl conversations delete --owner alice --yes    # right to be forgotten
+      botctl conversations export --owner key:alice -o alice.jsonl
+      botctl conversations delete --owner key:alice --yes    # right to be forgotten
     """
 
 

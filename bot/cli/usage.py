@@ -62,7 +62,10 @@ def format_table(rows: list[UsageRow]) -> str:
 
 
 @click.command()
-@click.option("--owner", help="Only this owner (API key owner, telegram:BOT, Slack team id).")
+@click.option(
+    "--owner",
+    help="Only this owner: key:OWNER (an API key's), telegram:BOT, webhook:NAME, a Slack team id.",
+)
 @click.option("--channel", help="Only this channel: api, openai, telegram:BOT, slack:APP.")
 @click.option(
     "--since",
@@ -93,7 +96,7 @@ def usage(
     \b
     Examples:
       botctl usage                        # the last 7 days
-      botctl usage --days 30 --owner alice
+      botctl usage --days 30 --owner key:alice
       botctl usage --channel telegram:support --since 2026-03-01 --json
     """
     if since is not None and days is not None:
