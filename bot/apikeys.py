@@ -25,6 +25,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from bot.storage.db import storage_unavailable
 from bot.storage.models import ApiKey, utcnow
 from bot.storage.queries import as_utc
+from bot.turns.owners import check_key_owner, key_tenant
 
 KEY_PREFIX = "bot"
 PREFIX_BYTES = 6
@@ -60,6 +61,8 @@ class Principal:
 
     key_id: str
     owner: str
+    """The tenant the key acts for: ``key:{the key's owner}`` (``bot.turns.owners``), a
+    namespace of its own that no platform's tenant is in."""
     scopes: frozenset[str]
 
 
@@ -122,11 +125,12 @@ async def create_key(
     unknown = set(scopes) - set(SCOPES)
     if unknown:
         raise ValueError(f"unknown scope(s): {', '.join(sorted(unknown))}")
+    owner = check_key_owner(owner or name)
     prefix = secrets.token_hex(PREFIX_BYTES)
     key = f"{KEY_PREFIX}_{prefix}_{secrets.token_urlsafe(SECRET_BYTES)}"
     record = ApiKey(
         name=name,
-        owner=owner or name,
+        owner=owner,
         prefix=prefix,
         secret_hash=hash_key(key),
         scopes=",".join(scopes),
@@ -231,7 +235,7 @@ async def _check_stored(
 
 
 def _principal(key_id: str, owner: str, scopes: str) -> Principal:
-    return Principal(key_id, owner, frozenset(scopes.split(",")))
+    return Principal(key_id, key_tenant(owner), frozenset(scopes.split(",")))
 
 
 _NOTE_USE = (

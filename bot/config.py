@@ -3,15 +3,18 @@
 Precedence, highest first: environment (``BOT_ENGINE__MAX_MODEL_LEN=4096``;
 a double underscore separates section and key), the TOML file
 (``--config``, or ``BOT_CONFIG``; ``botctl`` also finds ``./bot.toml``, see
-``find_config``), then the defaults below. Everything is
-validated at start-up; ``load_settings`` raises ``ConfigError`` with a message
-that names each bad key.
+``find_config``), then the defaults below. A secret setting
+may also come from a file: ``BOT_..._FILE``, a ``key_file`` in the TOML file,
+a systemd credential or a Docker secret (``bot.secret_files`` says where and in
+which order). Everything is validated at start-up; ``load_settings`` raises
+``ConfigError`` with a message that names each bad key.
 """
 
 from __future__ import annotations
 
 import os
 import tomllib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
@@ -20,16 +23,25 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    SecretStr,
     ValidationError,
     create_model,
     model_validator,
 )
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import (
+    BaseSettings,
+    EnvSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
 
 from bot.channels.kind import unique_names
 from bot.channels.registry import CHANNELS
 from bot.engine.settings import DEFAULT_DATA_DIR, DEFAULT_DEMO_MODEL_DIR, EngineSettings
 from bot.http.settings import ServerSettings
+from bot.secret_files import SecretFileError, file_variables, read_secret_files
 from bot.storage.db import is_sqlite
 from bot.turns.personas import PersonaSettings
 from bot.turns.settings import (
@@ -68,8 +80,30 @@ class _Section(BaseModel):
 
 
 class DatabaseSettings(_Section):
-    url: str = DEFAULT_DATABASE_URL
+    url: str = Field(DEFAULT_DATABASE_URL, json_schema_extra={"secret": True})
+    """Secret: it may carry the password (``bot.secret_files`` reads it from a file too)."""
+    password: SecretStr | None = None
+    """The password of ``url``'s user, kept out of the URL: it may then come from a file of
+    its own (a Docker secret, a systemd credential), and never needs escaping into a URL
+    (``@``, ``/``, ``%``). Put into ``url`` when the settings are loaded."""
     echo: bool = False
+
+    @model_validator(mode="after")
+    def _password_into_url(self) -> DatabaseSettings:
+        if self.password is None:
+            return self
+        try:
+            url = make_url(self.url)
+        except (ArgumentError, ValueError):
+            raise ValueError("url is not a database URL") from None
+        if url.get_backend_name() == "sqlite":
+            raise ValueError("password is for PostgreSQL: an SQLite database takes none")
+        password = self.password.get_secret_value()
+        if url.password is not None and url.password != password:
+            raise ValueError("url carries another password than password: give one of them")
+        # SQLAlchemy escapes the password as a URL needs it.
+        self.url = url.set(password=password).render_as_string(hide_password=False)
+        return self
 
 
 class ChatSettings(_Section):
@@ -127,8 +161,22 @@ class CoreSettings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        # The TOML document arrives as init kwargs; the environment wins over it.
-        return (env_settings, init_settings)
+        # The TOML document arrives as init kwargs; the environment wins over it. The
+        # secrets' BOT_..._FILE variables are read into the document (bot.secret_files).
+        return (_EnvWithoutSecretFiles(settings_cls), init_settings)
+
+
+class _EnvWithoutSecretFiles(EnvSettingsSource):
+    """The ``BOT_*`` environment, less the ``BOT_..._FILE`` variables of secret settings
+    (``bot.secret_files`` reads those files; here they would be unknown keys)."""
+
+    def _load_env_vars(self) -> Mapping[str, str | None]:
+        skipped = file_variables(self.settings_cls)
+        return {
+            name: value
+            for name, value in super()._load_env_vars().items()
+            if name.lower() not in skipped
+        }
 
 
 if TYPE_CHECKING:
@@ -192,6 +240,9 @@ def load_settings(path: str | Path | None = None, **overrides: Any) -> Settings:
         else:
             document[section] = values
     try:
+        document = read_secret_files(document, Settings, os.environ)
         return Settings(**document)
+    except SecretFileError as exc:
+        raise ConfigError(f"invalid configuration ({source}): {exc}") from None
     except ValidationError as exc:
         raise ConfigError(_format_validation_error(exc, source)) from exc

@@ -48,6 +48,8 @@ SLOW_TESTS = (
     "tests/test_chat_client.py",
     "tests/ops/test_export_while_serving.py",
     "tests/ops/test_first_steps.py",
+    "tests/ops/test_child_environment.py",
+    "tests/ops/test_model_pull.py",
     "tests/security/test_database_url.py",
     "tests/test_event_streams.py::test_readers_of_a_queued_turn_who_leave",
     "tests/turns/test_compaction.py::test_hundreds_of_turns",

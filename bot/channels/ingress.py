@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, TypeVar
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from bot.channels.ids import ID_MAX
 from bot.errors import ErrorClass
 from bot.http.body import BodyError, parse_json_object, read_body
 from bot.http.errors import json_error
@@ -26,9 +27,6 @@ from bot.turns.timing import LayerClock
 
 if TYPE_CHECKING:
     from bot.http.settings import ServerSettings
-
-ID_MAX = 200
-"""The longest conversation, message or user id a client may send."""
 
 
 class PostedText(BaseModel):

@@ -7,22 +7,14 @@ group and take the settings through ``pass_context``; ``bot.cli`` mounts them.
 from __future__ import annotations
 
 import datetime as dt
-import functools
 import re
-import sys
-import traceback
-from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import asynccontextmanager, contextmanager
-from typing import Concatenate, ParamSpec, TypeVar
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import click
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from bot.config import ConfigError, Settings, find_config, load_settings
-from bot.storage.redact import redact
-
-P = ParamSpec("P")
-R = TypeVar("R")
 
 _DURATION = re.compile(r"^\s*(\d+)\s*([smhdw])\s*$")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -38,6 +30,12 @@ class Context:
         self._settings: Settings | None = None
 
     @property
+    def loaded_settings(self) -> Settings | None:
+        """The settings if a command has loaded them (``bot.cli.failures`` masks their
+        database password), else None."""
+        return self._settings
+
+    @property
     def settings(self) -> Settings:
         if self._settings is None:
             try:
@@ -48,25 +46,6 @@ class Context:
 
 
 pass_context = click.make_pass_decorator(Context)
-
-
-@contextmanager
-def database_password_masked(url: str, *, show_traceback: bool = False) -> Iterator[None]:
-    """An unexpected failure in the block ends the command with its password masked.
-
-    Libraries quote database URLs in their errors; Python would print them in
-    the traceback. Instead: ``Error: <type>: <message>`` with the URL's password
-    masked (and, with ``show_traceback``, the masked traceback first, for
-    operators of ``serve``).
-    """
-    try:
-        yield
-    except (click.ClickException, click.exceptions.Exit, click.Abort):
-        raise
-    except Exception as exc:
-        if show_traceback:
-            print(redact("".join(traceback.format_exception(exc)), url), file=sys.stderr)
-        raise click.ClickException(redact(f"{type(exc).__name__}: {exc}", url)) from None
 
 
 def parse_duration(text: str) -> dt.timedelta:
@@ -137,16 +116,3 @@ def format_time(value: dt.datetime | None) -> str:
     from bot.storage.queries import as_utc
 
     return as_utc(value).strftime("%Y-%m-%d %H:%M:%SZ")
-
-
-def masks_database_password(
-    command: Callable[Concatenate[Context, P], R],
-) -> Callable[Concatenate[Context, P], R]:
-    """A command (taking the ``Context`` first) whose failures mask the database password."""
-
-    @functools.wraps(command)
-    def run(ctx: Context, /, *args: P.args, **kwargs: P.kwargs) -> R:
-        with database_password_masked(ctx.settings.database.url):
-            return command(ctx, *args, **kwargs)
-
-    return run

@@ -26,7 +26,10 @@ from bot.storage.models import Conversation
 def _selector_options(function: Any) -> Any:
     for option in reversed(
         [
-            click.option("--owner", help="Only this owner's (tenant's) conversations."),
+            click.option(
+                "--owner",
+                help="Only this owner's (tenant's) conversations: key:OWNER for an API key's.",
+            ),
             click.option("--channel", help="Only this channel, e.g. api, telegram:support."),
             click.option(
                 "--key", "external_key", help="Only this conversation key of the channel."
@@ -43,11 +46,11 @@ def conversations() -> None:
 
     \b
     Examples:
-      botctl conversations list --owner alice
+      botctl conversations list --owner key:alice
       botctl conversations show trip                     # turns and messages of 'trip'
       botctl conversations show chat:42 --channel telegram:support
-      botctl conversations export --owner alice -o alice.jsonl
-      botctl conversations delete --owner alice --yes    # right to be forgotten
+      botctl conversations export --owner key:alice -o alice.jsonl
+      botctl conversations delete --owner key:alice --yes    # right to be forgotten
     """
 
 

@@ -7,7 +7,7 @@ import json
 
 import click
 
-from bot.cli.common import Context, masks_database_password, pass_context
+from bot.cli.common import Context, pass_context
 
 
 @click.group()
@@ -27,7 +27,6 @@ def db() -> None:
 @db.command("upgrade")
 @click.argument("revision", default="head")
 @pass_context
-@masks_database_password
 def db_upgrade(ctx: Context, revision: str) -> None:
     """Migrate the database up to REVISION (default: head)."""
     from bot.storage.migrate import current_revision, upgrade
@@ -42,7 +41,6 @@ def db_upgrade(ctx: Context, revision: str) -> None:
 @click.argument("revision")
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 @pass_context
-@masks_database_password
 def db_downgrade(ctx: Context, revision: str, yes: bool) -> None:
     """Migrate the database down to REVISION (``base`` drops every table: data is lost)."""
     from bot.storage.migrate import current_revision, downgrade
@@ -59,7 +57,6 @@ def db_downgrade(ctx: Context, revision: str, yes: bool) -> None:
 @db.command("current")
 @click.option("--json", "as_json", is_flag=True, help="One JSON document: revision, head.")
 @pass_context
-@masks_database_password
 def db_current(ctx: Context, as_json: bool) -> None:
     """Print the database's current revision ("(empty)" before the first upgrade)."""
     from bot.storage.migrate import current_revision, head_revision
@@ -76,7 +73,6 @@ def db_current(ctx: Context, as_json: bool) -> None:
 @db.command("history")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per revision and line.")
 @pass_context
-@masks_database_password
 def db_history(ctx: Context, as_json: bool) -> None:
     """List the revisions, oldest first; the database's current one is marked."""
     from alembic.script import ScriptDirectory
@@ -103,7 +99,6 @@ def db_history(ctx: Context, as_json: bool) -> None:
 
 @db.command("check")
 @pass_context
-@masks_database_password
 def db_check(ctx: Context) -> None:
     """Exit 0 when the database is at the newest revision, else 1 naming the command to run."""
     from bot.storage.migrate import current_revision, head_revision

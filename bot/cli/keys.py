@@ -12,14 +12,7 @@ import json
 
 import click
 
-from bot.admin.keys import (
-    DuplicateKeyName,
-    KeyInfo,
-    issue_key,
-    list_keys,
-    revoke_key,
-    rotate_key,
-)
+from bot.admin.keys import KeyInfo, issue_key, list_keys, revoke_key, rotate_key
 from bot.apikeys import SCOPES
 from bot.cli.common import DURATION, Context, aligned, db_session, format_time, pass_context
 
@@ -44,7 +37,10 @@ def keys() -> None:
 
 @keys.command("create")
 @click.argument("name")
-@click.option("--owner", help="Tenant the key acts for (default: NAME).")
+@click.option(
+    "--owner",
+    help="Who the key acts for (default: NAME); its conversations are stored under key:OWNER.",
+)
 @click.option(
     "--scope",
     "scopes",
@@ -85,7 +81,7 @@ def keys_create(
 
     try:
         key = asyncio.run(run())
-    except DuplicateKeyName as exc:
+    except ValueError as exc:  # a live key's name, or an owner no key may have
         raise click.ClickException(str(exc)) from None
     click.echo(key)
     click.echo(

@@ -1,4 +1,6 @@
-"""``botctl limits ...``: fair-use limits per API key or platform user (``bot.turns.limits``).
+"""``botctl limits ...``: fair-use limits per API key, platform user or conversation.
+
+The subjects are ``bot.turns.limits``'s.
 
 Overrides live in the database, so every worker applies them at once; a
 value not given keeps the subject's current one, ``default`` returns to the
@@ -22,6 +24,7 @@ from bot.turns.limits import (
     DAY_S,
     FairUse,
     clear_override,
+    conversation_subject,
     key_subject,
     list_overrides,
     set_override,
@@ -38,9 +41,21 @@ def _settings() -> Settings:
     return settings if isinstance(settings, Settings) else load_settings(None)
 
 
-async def _subject(session: AsyncSession, key: str | None, user: str | None) -> str:
-    if (key is None) == (user is None):
-        raise click.UsageError("give exactly one of --key or --user")
+async def _subject(
+    session: AsyncSession, key: str | None, user: str | None, conversation: str | None = None
+) -> str:
+    if sum(given is not None for given in (key, user, conversation)) != 1:
+        raise click.UsageError("give exactly one of --key, --user or --conversation")
+    if conversation is not None:
+        # A channel is KIND:NAME (``webhook:crm``); the id after it may hold colons.
+        kind, _, rest = conversation.partition(":")
+        name, _, conversation_key = rest.partition(":")
+        channel = f"{kind}:{name}"
+        if not kind or not name or not conversation_key:
+            raise click.UsageError(
+                "--conversation is CHANNEL:CONVERSATION_ID, e.g. webhook:crm:ticket-42"
+            )
+        return conversation_subject(channel, conversation_key)
     if user is not None:
         if user.count(":") < 1:
             raise click.UsageError("--user is CHANNEL:USER_ID, e.g. telegram:support:12345")
@@ -78,6 +93,11 @@ LIMIT = _LimitValue()
 _subject_options = [
     click.option("--key", help="API key prefix, id or name."),
     click.option("--user", help="Platform user as CHANNEL:USER_ID, e.g. telegram:support:42."),
+    click.option(
+        "--conversation",
+        help="A conversation whose messages name no user, as CHANNEL:CONVERSATION_ID, "
+        "e.g. webhook:crm:ticket-42.",
+    ),
 ]
 
 
@@ -96,6 +116,7 @@ def limits() -> None:
       botctl limits show
       botctl limits set --key 3f9a1c2b4d5e --messages-per-minute 10 --tokens-per-day 50000
       botctl limits set --user telegram:support:42 --tokens-per-day default
+      botctl limits set --conversation webhook:crm:ticket-42 --messages-per-minute 5
       botctl limits clear --key alice
     """
 
@@ -107,6 +128,7 @@ def limits() -> None:
 def limits_set(
     key: str | None,
     user: str | None,
+    conversation: str | None,
     messages_per_minute: int | str | None,
     tokens_per_day: int | str | None,
 ) -> None:
@@ -117,7 +139,7 @@ def limits_set(
 
     async def run() -> str:
         async with db_session(settings) as session:
-            subject = await _subject(session, key, user)
+            subject = await _subject(session, key, user, conversation)
             existing = await session.get(LimitOverride, subject)
 
             def pick(given: int | str | None, now: int | None) -> int | None:
@@ -141,13 +163,13 @@ def limits_set(
 
 @limits.command("clear")
 @_with_subject
-def limits_clear(key: str | None, user: str | None) -> None:
+def limits_clear(key: str | None, user: str | None, conversation: str | None) -> None:
     """Drop a subject's overrides: the config's defaults apply again."""
     settings = _settings()
 
     async def run() -> tuple[str, bool]:
         async with db_session(settings) as session:
-            subject = await _subject(session, key, user)
+            subject = await _subject(session, key, user, conversation)
             return subject, await clear_override(session, subject)
 
     subject, cleared = asyncio.run(run())
@@ -157,16 +179,17 @@ def limits_clear(key: str | None, user: str | None) -> None:
 @limits.command("show")
 @click.option("--key", help="Only this API key (prefix, id or name).")
 @click.option("--user", help="Only this platform user (CHANNEL:USER_ID).")
+@click.option("--conversation", help="Only this conversation (CHANNEL:CONVERSATION_ID).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
-def limits_show(key: str | None, user: str | None, as_json: bool) -> None:
+def limits_show(key: str | None, user: str | None, conversation: str | None, as_json: bool) -> None:
     """Defaults, overrides, and today's token use of each overridden (or given) subject."""
     settings = _settings()
     fair_use = FairUse(settings.limits)
 
     async def run() -> list[dict[str, str | int]]:
         async with db_session(settings) as session:
-            if key is not None or user is not None:
-                subjects = [await _subject(session, key, user)]
+            if key is not None or user is not None or conversation is not None:
+                subjects = [await _subject(session, key, user, conversation)]
             else:
                 subjects = [override.subject for override in await list_overrides(session)]
             day = int(time.time() // DAY_S) * DAY_S

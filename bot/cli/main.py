@@ -29,10 +29,11 @@ from pathlib import Path
 import click
 
 from bot.chat_client import chat
-from bot.cli.common import Context, database_password_masked, pass_context
+from bot.cli.common import Context, pass_context
 from bot.cli.conversations import conversations
 from bot.cli.db import db
 from bot.cli.doctor import doctor
+from bot.cli.failures import TRACEBACK, Botctl
 from bot.cli.init import init
 from bot.cli.keys import keys
 from bot.cli.limits import limits
@@ -48,7 +49,7 @@ DISTRIBUTION = "llm-chat-bot"
 __all__ = ["Context", "main", "pass_context"]
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=Botctl, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name=DISTRIBUTION, prog_name="botctl")
 @click.option(
     "--config",
@@ -58,15 +59,23 @@ __all__ = ["Context", "main", "pass_context"]
     help="TOML config file (default: $BOT_CONFIG, else ./bot.toml if it exists, else built-in"
     " defaults).",
 )
+@click.option(
+    "--traceback",
+    "show_traceback",
+    is_flag=True,
+    help="On a failure, print the traceback (database password masked) before the error.",
+)
 @click.pass_context
-def main(ctx: click.Context, config_path: str | None) -> None:
+def main(ctx: click.Context, config_path: str | None, show_traceback: bool) -> None:
     """Administer and run the chat bot service.
 
     Settings come from the TOML file given with --config (or $BOT_CONFIG, else
     ./bot.toml, which `botctl init` and `make run` write), overridden by
-    BOT_<SECTION>__<KEY> environment variables.
+    BOT_<SECTION>__<KEY> environment variables. A failure ends a command with one
+    line (`Error: ...`) and exit status 1.
     """
     ctx.obj = Context(config_path)
+    ctx.meta[TRACEBACK] = show_traceback
 
 
 @main.command()
@@ -76,22 +85,27 @@ def serve(ctx: Context) -> None:
 
     Refuses to start on a database with pending migrations. Under systemd
     (Type=notify) it reports READY=1 once the database and the engine answer,
-    and pings the watchdog while the engine is healthy.
+    and pings the watchdog while the engine is healthy. Once the settings are
+    loaded, the secrets' BOT_* variables leave its environment: the engine's
+    processes do not inherit them.
 
     \b
     Examples:
       botctl serve
       BOT_SERVER__HOST=0.0.0.0 botctl --config /etc/bot/bot.toml serve
     """
+    from bot.config import Settings
     from bot.log import configure_logging
+    from bot.secret_files import scrub_process_environment
     from bot.serve import serve as serve_forever
     from bot.storage.migrate import pending_migrations
 
     settings = ctx.settings
+    # Loaded: what the service starts from here on (vLLM's engine processes) inherits
+    # its environment, and needs none of its secrets.
+    scrub_process_environment(Settings)
     configure_logging(settings.logging.level, settings.logging.format)
-    url = settings.database.url
-    with database_password_masked(url):
-        pending = asyncio.run(pending_migrations(url))
+    pending = asyncio.run(pending_migrations(settings.database.url))
     if pending:
         raise click.ClickException(
             "the database has pending migrations: run `botctl db upgrade` first"
@@ -102,8 +116,7 @@ def serve(ctx: Context) -> None:
         lock = single_process_guard(settings.database.url)  # held until the process exits
     except AlreadyRunning as exc:
         raise click.ClickException(str(exc)) from exc
-    with database_password_masked(url, show_traceback=True):
-        code = asyncio.run(serve_forever(settings))
+    code = asyncio.run(serve_forever(settings))
     del lock
     sys.exit(code)
 

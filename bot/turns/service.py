@@ -40,7 +40,13 @@ from bot.turns.claims import LocalClaims, TurnClaims
 from bot.turns.ending import TurnEnd, TurnEndings, apply_to_row
 from bot.turns.idempotency import find_delivery, reuse_conflict
 from bot.turns.inbound import InboundMessage
-from bot.turns.limits import FairUse, RateLimited, Refusal, subjects_for
+from bot.turns.limits import (
+    FairUse,
+    RateLimited,
+    Refusal,
+    stored_turn_subjects,
+    subjects_for,
+)
 from bot.turns.personas import Personas
 from bot.turns.replies import Channel, ReplySink, TurnAddress
 from bot.turns.streams import TurnStreams
@@ -533,14 +539,14 @@ class TurnService:
                 # fair use's take, as in every accept (``accept``: one order, no deadlock).
                 seq = await queries.allocate_turn_seq(session, target.conversation_id)
                 if self.fair_use is not None:
-                    await self.fair_use.admit(
-                        await session.connection(),
-                        subjects_for(
-                            api_key_id=target.api_key_id,
-                            channel=target.channel,
-                            user_id=target.user_id,
-                        ),
+                    subjects = await stored_turn_subjects(
+                        session,
+                        api_key_id=target.api_key_id,
+                        channel=target.channel,
+                        user_id=target.user_id,
+                        conversation_id=target.conversation_id,
                     )
+                    await self.fair_use.admit(await session.connection(), subjects)
                 turn = await fork_turn(session, target, seq, edit=edit)
                 session.add(turn)
                 await session.flush()
@@ -949,7 +955,10 @@ async def _place_turn(
 
 def _limit_subjects(message: InboundMessage) -> list[str]:
     return subjects_for(
-        api_key_id=message.api_key_id, channel=message.channel, user_id=message.user_id
+        api_key_id=message.api_key_id,
+        channel=message.channel,
+        user_id=message.user_id,
+        conversation_key=message.conversation_key,
     )
 
 

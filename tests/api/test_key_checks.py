@@ -83,7 +83,7 @@ async def store(db_url: str) -> AsyncIterator[KeyStore]:
 async def test_a_burst_with_one_key_looks_it_up_once(db_url: str, store: KeyStore) -> None:
     key = await issue_key(db_url, "burst")
     principals = await asyncio.gather(*(authenticate(store.reads, key) for _ in range(BURST)))
-    assert all(isinstance(p, Principal) and p.owner == "burst" for p in principals)
+    assert all(isinstance(p, Principal) and p.owner == "key:burst" for p in principals)
     assert len(store.lookups) == 1, f"{len(store.lookups)} lookups for one key"
 
 
@@ -111,7 +111,7 @@ async def test_requests_waiting_for_a_cancelled_lookup_still_get_their_answer(
     with pytest.raises(asyncio.CancelledError):
         await first
     principals = await asyncio.gather(*waiting)
-    assert all(isinstance(p, Principal) and p.owner == "left" for p in principals)
+    assert all(isinstance(p, Principal) and p.owner == "key:left" for p in principals)
     assert len(store.lookups) == 2, "the waiters should share one lookup of their own"
 
 
@@ -133,7 +133,7 @@ async def test_a_lookup_the_database_fails_fails_for_its_waiters_and_is_not_reme
     assert len(store.lookups) == 1, "the burst should have shared the failing lookup"
     assert all(isinstance(a, OperationalError) for a in answers), answers
     principal = await authenticate(store.reads, key)
-    assert isinstance(principal, Principal) and principal.owner == "fault"
+    assert isinstance(principal, Principal) and principal.owner == "key:fault"
     assert len(store.lookups) == 2
 
 
@@ -162,7 +162,7 @@ async def test_a_key_in_use_is_checked_again_before_its_next_request_needs_it(
             before = len(store.lookups)
             # A key found checked is answered without an await: nothing else runs meanwhile.
             principal = await authenticate(store.reads, key)
-            assert isinstance(principal, Principal) and principal.owner == "typist"
+            assert isinstance(principal, Principal) and principal.owner == "key:typist"
             assert len(store.lookups) == before, "the request looked its key up itself"
         assert len(store.lookups) >= 3, "the background should have read the key meanwhile"
 
@@ -228,7 +228,7 @@ async def test_a_refresh_the_database_fails_leaves_the_requests_to_look_their_ke
             assert not store.failures, "the refresh should have failed by now"
             before = len(store.lookups)
             principal = await authenticate(store.reads, key)
-            assert isinstance(principal, Principal) and principal.owner == "outage"
+            assert isinstance(principal, Principal) and principal.owner == "key:outage"
             assert len(store.lookups) == before + 1, "the key aged out: its request looks"
             await asyncio.sleep(REFRESH_EVERY_S * 6)  # past the back-off
     events = [entry["event"] for entry in logs if entry["event"].startswith("key_refresh")]

@@ -41,7 +41,7 @@ async def test_usage_of_the_key_and_its_owner(db_url: str, make_client: MakeClie
     response = await client.get("/v1/usage", headers=auth(first))
     assert response.status == 200
     body = await response.json()
-    assert body["owner"] == "alice"
+    assert body["owner"] == "key:alice"
     today = body["today"]
     assert today["day"] == now.date().isoformat()
     assert (today["turns_done"], today["turns_failed"]) == (2, 0)
@@ -62,7 +62,7 @@ async def test_usage_of_the_key_and_its_owner(db_url: str, make_client: MakeClie
     phone = await (await client.get("/v1/usage", headers=auth(second))).json()
     assert phone["today"]["turns_done"] == 1 and phone["days"] == body["days"]
     bobs = await (await client.get("/v1/usage?days=1", headers=auth(bob))).json()
-    assert bobs["owner"] == "bob" and [d["turns_done"] for d in bobs["days"]] == [1]
+    assert bobs["owner"] == "key:bob" and [d["turns_done"] for d in bobs["days"]] == [1]
 
     for bad in ("0", "91", "x", "1.5", "-1", "٣"):
         refused = await client.get(f"/v1/usage?days={bad}", headers=auth(first))

@@ -190,7 +190,7 @@ async def test_another_owner_never_continues_a_conversation(
     ]
     await bob.chat.completions.create(model=DEMO_MODEL, messages=messages)
     conversations = await _conversation_rows(sqlite_url)
-    assert sorted(c.owner for c in conversations) == ["alice", "bob"]
+    assert sorted(c.owner for c in conversations) == ["key:alice", "key:bob"]
 
 
 async def test_exchanges_are_recorded_per_turn(sqlite_url: str, make_client: MakeClient) -> None:
@@ -206,7 +206,7 @@ async def test_exchanges_are_recorded_per_turn(sqlite_url: str, make_client: Mak
     finally:
         await engine.dispose()
     (row,) = rows
-    assert row.api == "chat.completions" and row.owner == "alice" and row.stored
+    assert row.api == "chat.completions" and row.owner == "key:alice" and row.stored
 
 
 @pytest.mark.parametrize(

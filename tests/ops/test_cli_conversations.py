@@ -28,9 +28,13 @@ async def test_list_show_export_delete(
 
     listed = await botctl("conversations", "list", "--json", env=env(db_url))
     rows = [json.loads(line) for line in listed.stdout.splitlines()]
-    assert sorted((row["owner"], row["turns"]) for row in rows) == [("alice", 2), ("bob", 1)]
-    [alice_row] = [row for row in rows if row["owner"] == "alice"]
-    only_bob = await botctl("conversations", "list", "--owner", "bob", env=env(db_url))
+    assert sorted((row["owner"], row["turns"]) for row in rows) == [
+        ("key:alice", 2),
+        ("key:bob", 1),
+    ]
+    [alice_row] = [row for row in rows if row["owner"] == "key:alice"]
+    # A key's conversations are its owner's tenant's: key:OWNER (bot.turns.owners).
+    only_bob = await botctl("conversations", "list", "--owner", "key:bob", env=env(db_url))
     assert "bob" in only_bob.stdout and "alice" not in only_bob.stdout
 
     shown = await botctl("conversations", "show", alice_row["id"], env=env(db_url))
@@ -65,7 +69,7 @@ async def test_list_show_export_delete(
 
     out = tmp_path / "alice.jsonl"
     exported = await botctl(
-        "conversations", "export", "--owner", "alice", "-o", str(out), env=env(db_url)
+        "conversations", "export", "--owner", "key:alice", "-o", str(out), env=env(db_url)
     )
     assert exported.exit_code == 0, exported.output
     lines = out.read_text(encoding="utf-8").splitlines()
@@ -77,7 +81,9 @@ async def test_list_show_export_delete(
     before = await count_rows(db_url)
     refused = await botctl("conversations", "delete", env=env(db_url))
     assert refused.exit_code == 2  # no selection: refuses to erase everything
-    deleted = await botctl("conversations", "delete", "--owner", "alice", "--yes", env=env(db_url))
+    deleted = await botctl(
+        "conversations", "delete", "--owner", "key:alice", "--yes", env=env(db_url)
+    )
     assert deleted.exit_code == 0, deleted.output
     report = json.loads(deleted.stdout)["deleted"]
     assert report == {
@@ -95,7 +101,7 @@ async def test_list_show_export_delete(
     }
     # Bob's conversation is untouched, and alice can start over.
     left = await botctl("conversations", "list", "--json", env=env(db_url))
-    assert [json.loads(line)["owner"] for line in left.stdout.splitlines()] == ["bob"]
+    assert [json.loads(line)["owner"] for line in left.stdout.splitlines()] == ["key:bob"]
     assert (await chat(client, alice, "trip", "m0", "Again"))["kind"] == "done"
 
 

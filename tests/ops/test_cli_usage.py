@@ -55,10 +55,10 @@ async def test_usage_per_day_owner_and_channel(db_url: str, make_client: MakeCli
     today = dt.datetime.now(dt.UTC).date().isoformat()
     assert {(r["day"], r["owner"], r["channel"]) for r in rows} == {
         (three_days_ago.date().isoformat(), "telegram:support", "telegram:support"),
-        (today, "alice", "api"),
-        (today, "bob", "api"),
+        (today, "key:alice", "api"),
+        (today, "key:bob", "api"),
     }
-    [alice_row] = [r for r in rows if r["owner"] == "alice"]
+    [alice_row] = [r for r in rows if r["owner"] == "key:alice"]
     # The second turn's prompt starts with the first one's: the cache served part of it.
     assert alice_row["turns_done"] == 2 and alice_row["turns_failed"] == 0
     alice_turns = [t for t in stored if t.user_text.startswith("Question")]
@@ -69,10 +69,13 @@ async def test_usage_per_day_owner_and_channel(db_url: str, make_client: MakeCli
     [old] = [r for r in rows if r["owner"] == "telegram:support"]
     assert (old["turns_done"], old["turns_failed"], old["cache_share"]) == (0, 1, 0.4)
 
-    only_bob = await botctl("usage", "--owner", "bob", "--json", env=env(db_url))
-    assert [json.loads(line)["owner"] for line in only_bob.stdout.splitlines()] == ["bob"]
+    only_bob = await botctl("usage", "--owner", "key:bob", "--json", env=env(db_url))
+    assert [json.loads(line)["owner"] for line in only_bob.stdout.splitlines()] == ["key:bob"]
     one_day = await botctl("usage", "--days", "1", "--json", env=env(db_url))
-    assert {json.loads(line)["owner"] for line in one_day.stdout.splitlines()} == {"alice", "bob"}
+    assert {json.loads(line)["owner"] for line in one_day.stdout.splitlines()} == {
+        "key:alice",
+        "key:bob",
+    }
     since = await botctl(
         "usage",
         "--channel",
@@ -101,8 +104,8 @@ async def test_usage_per_day_owner_and_channel(db_url: str, make_client: MakeCli
         "cache",
     ]
     assert [line.split()[:3] for line in lines[1:3]] == [
-        [today, "alice", "api"],
-        [today, "bob", "api"],
+        [today, "key:alice", "api"],
+        [today, "key:bob", "api"],
     ]
     total = lines[-1].split()
     assert total[0] == "total" and total[1] == "3" and total[2] == "0"

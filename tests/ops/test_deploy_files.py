@@ -125,9 +125,32 @@ def test_compose_has_bot_postgres_and_vllm_and_orders_migrations_first() -> None
     assert services["bot"]["depends_on"]["vllm"]["condition"] == "service_healthy"
     assert services["migrate"]["depends_on"]["postgres"]["condition"] == "service_healthy"
     # vLLM flags the service relies on: token-id prompts with prefix caching, cached-token usage.
-    flags = services["vllm"]["command"]
-    assert "--enable-prefix-caching" in flags and "--enable-prompt-tokens-details" in flags
-    assert "--api-key" in flags
+    [script] = services["vllm"]["command"]
+    assert "--enable-prefix-caching" in script and "--enable-prompt-tokens-details" in script
+    # Its key comes from the secret file, into VLLM_API_KEY, which vLLM reads.
+    assert 'VLLM_API_KEY="$$(cat /run/secrets/vllm_api_key)"' in script
+
+
+def test_compose_keeps_secrets_off_command_lines_environments_and_urls() -> None:
+    document = compose()
+    text = (DEPLOY / "compose.yaml").read_text()
+    assert "--api-key" not in text, "a key on a command line shows in ps and docker inspect"
+    assert not re.search(r"://[^\s/]*:\$\{", text), "no URL is built from a raw password"
+    for name, service in document["services"].items():
+        for key, value in (service.get("environment") or {}).items():
+            assert not re.search(r"(PASSWORD|API_KEY|TOKEN|SECRET)(_|$)", key) or key in (
+                "POSTGRES_PASSWORD_FILE",
+                "HF_TOKEN",  # optional, for gated models: the hub's client reads only this
+            ), (name, key)
+            assert "${POSTGRES_PASSWORD" not in str(value) and "${VLLM_API_KEY" not in str(value)
+    declared = set(document["secrets"])
+    for name in ("postgres", "vllm", "migrate", "bot"):
+        used = {
+            s if isinstance(s, str) else s["source"] for s in document["services"][name]["secrets"]
+        }
+        assert used <= declared, name
+    bot_files = {s["target"] for s in document["services"]["bot"]["secrets"]}
+    assert bot_files == {"database.password", "engine.api_key"}
 
 
 def substitute(value: str, variables: dict[str, str]) -> str:
@@ -146,21 +169,31 @@ def substitute(value: str, variables: dict[str, str]) -> str:
     return re.sub(r"\$\{(\w+)(?:(:-|:\?)([^}]*))?\}", one, value)
 
 
-def test_compose_bot_environment_loads_as_valid_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_compose_bot_environment_loads_as_valid_settings(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     example: dict[str, str] = {}
     for line in (DEPLOY / "compose.env.example").read_text().splitlines():
         if line and not line.startswith("#"):
             key, _, value = line.partition("=")
             example[key] = value
-    environment = compose()["services"]["bot"]["environment"]
-    for key, value in environment.items():
+    bot = compose()["services"]["bot"]
+    for key, value in bot["environment"].items():
         if key.startswith("BOT_"):
             monkeypatch.setenv(key, substitute(str(value), example))
+    # The secrets as compose mounts them: /run/secrets/<target>, from deploy/secrets/<file>.
+    files = {"postgres_password": "p@ss/word%\n", "vllm_api_key": "sk-vllm\n"}
+    for secret in bot["secrets"]:
+        (tmp_path / secret["target"]).write_text(files[secret["source"]])
+    monkeypatch.setenv("BOT_SECRETS_DIR", str(tmp_path))
+    monkeypatch.delenv("CREDENTIALS_DIRECTORY", raising=False)
+    monkeypatch.delenv("BOT_CONFIG", raising=False)
     settings = load_settings(None)
     assert settings.engine.kind == "openai"
     assert settings.engine.base_urls == ["http://vllm:8000"]
-    assert settings.database.url.startswith("postgresql+asyncpg://bot:change-me@postgres:5432/")
+    assert settings.database.url == "postgresql+asyncpg://bot:p%40ss%2Fword%25@postgres:5432/bot"
     assert settings.engine.api_key is not None
+    assert settings.engine.api_key.get_secret_value() == "sk-vllm"
     assert settings.server.host == "0.0.0.0"
 
 

@@ -83,7 +83,9 @@ def test_unit_declares_notify_watchdog_restart_user_hardening_and_a_stop_timeout
         "PrivateTmp": "yes",
     }.items():
         assert unit[key] == [expected], key
-    assert unit["ReadWritePaths"] and unit["EnvironmentFile"] == ["/etc/bot/bot.env"]
+    assert unit["ReadWritePaths"] and unit["EnvironmentFile"] == ["-/etc/bot/bot.env"]
+    # Secrets as credentials, named after their settings (bot.secret_files), not variables.
+    assert unit["LoadCredential"] == ["database.password:/etc/bot/credentials/database.password"]
     # The stop timeout covers the default drain (30 s) plus the engine's shutdown.
     from bot.config import ServerSettings
 
@@ -133,7 +135,8 @@ def test_systemd_analyze_verify_passes_without_warnings(tmp_path: Path, source: 
     # verify checks that ExecStart exists: point it at this checkout's botctl.
     botctl = Path(sys.executable).parent / "botctl"
     text = source.read_text().replace("/opt/bot/.venv/bin/botctl", str(botctl))
-    text = text.replace("EnvironmentFile=/etc/bot/", "EnvironmentFile=-/etc/bot/")
+    # The credential's file is the host's, as the environment file is.
+    text = text.replace("LoadCredential=database.password:/etc/bot/credentials/", "#")
     unit = tmp_path / source.name
     unit.write_text(text)
     result = subprocess.run(

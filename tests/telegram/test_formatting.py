@@ -1,12 +1,19 @@
-"""Markdown -> Telegram HTML: CommonMark's meaning, valid for Telegram's parser on every prefix."""
+"""Markdown -> Telegram HTML: CommonMark's meaning, valid for Telegram's parser on every prefix.
+
+Valid includes the nestings: Hypothesis writes Markdown whose constructs land
+inside each other, and no rendering may hold a nesting the Bot API's
+"Formatting options" forbid (the strict fake refuses each one).
+"""
 
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from bot.channels.telegram.formatting import markdown_to_html, open_fence_after, visible_text
 from bot.channels.telegram.render import Renderer
-from bot.testing.telegram_html import parse_html
+from bot.testing.telegram_html import Entity, EntityParseError, nesting_refused, parse_html
 
 # What a small chat model writes: headings, emphasis, lists, code, a link, a quote, a table.
 SAMPLE = """# Plan
@@ -141,3 +148,81 @@ def test_a_rendering_longer_than_a_message_goes_as_typed() -> None:
 def test_plain_characters_are_escaped(raw: str) -> None:
     text, entities = parse_html(markdown_to_html(raw))
     assert text == raw and entities == []
+
+
+# Markdown as models write it and worse: the pieces that open and close constructs,
+# in any order, so emphasis, code, links, images and quotes land inside each other.
+PIECES = st.sampled_from(
+    [
+        "**", "*", "_", "__", "~~", "`", "``", "[", "](https://example.com/x)",
+        "](javascript:alert(1))", "![", "[a](https://e.com)", "`code`", "<b>", "&", "<", "\\",
+        " ", "word", "é", "😀", "\n", "\n\n", "> ", "> > ", ">>> ", "# ", "## ", "- ", "1. ",
+        "```", "```py\n", "~~~\n", "|a|b|\n|-|-|\n|c|d|\n", "    indented\n", "***",
+        "\r", "\r\n",
+    ]
+)  # fmt: skip
+MARKDOWN = st.lists(PIECES | st.text(max_size=5), max_size=30).map("".join)
+
+
+def _contains(outer: Entity, inner: Entity) -> bool:
+    return (
+        outer.offset <= inner.offset and inner.offset + inner.length <= outer.offset + outer.length
+    )
+
+
+def assert_nestings_allowed(entities: list[Entity]) -> None:
+    """The Bot API's rules over the entities themselves, pair by pair."""
+    for index, first in enumerate(entities):
+        for second in entities[index + 1 :]:
+            if first.offset + first.length <= second.offset:
+                continue
+            if second.offset + second.length <= first.offset:
+                continue
+            assert _contains(first, second) or _contains(second, first), (first, second)
+            if {first.type, second.type} == {"pre", "code"} and first.offset == second.offset:
+                continue  # <pre><code class="language-x">: one pre entity with its language
+            # Over the same text either may be the outer one: one way must be allowed.
+            ways = [(o, i) for o, i in ((first, second), (second, first)) if _contains(o, i)]
+            assert any(not nesting_refused(o.type, i.type) for o, i in ways), ways
+
+
+@settings(max_examples=400, deadline=None, database=None, derandomize=True)
+@given(MARKDOWN)
+def test_no_markdown_makes_a_nesting_telegram_refuses(markdown: str) -> None:
+    for end in sorted({len(markdown) // 3, len(markdown) // 2, len(markdown)}):
+        _, entities = parse_html(markdown_to_html(markdown[:end]))  # raises like Telegram
+        assert_nestings_allowed(entities)
+
+
+@pytest.mark.parametrize(
+    ("markdown", "html"),
+    [
+        ("[`code`](https://e.com)", '<a href="https://e.com">code</a>'),
+        ("[![alt](https://img.example)](https://e.com)", '<a href="https://e.com">alt</a>'),
+        ("> a\n> > b", "<blockquote>a\nb</blockquote>"),
+        ("**bold `x` more**", "<b>bold </b><code>x</code><b> more</b>"),
+        ("# The `f` call", "<b>The </b><code>f</code><b> call</b>"),
+        ("> ```\n> code\n> ```", "<blockquote><pre>code</pre></blockquote>"),
+    ],
+)
+def test_forbidden_nestings_are_unfolded(markdown: str, html: str) -> None:
+    assert markdown_to_html(markdown) == html
+
+
+@pytest.mark.parametrize(
+    "html",
+    [
+        '<a href="https://e.com"><code>x</code></a>',
+        '<a href="https://e.com"><a href="https://f.com">x</a></a>',
+        "<blockquote>a<blockquote>b</blockquote></blockquote>",
+        "<blockquote>a<blockquote expandable>b</blockquote></blockquote>",
+        "<b><code>x</code></b>",
+        "<i><pre>x</pre></i>",
+        "<code><b>x</b></code>",
+        "<pre><i>x</i></pre>",
+        '<a href="https://e.com"><blockquote>x</blockquote></a>',
+    ],
+)
+def test_the_fake_refuses_what_telegram_forbids(html: str) -> None:
+    with pytest.raises(EntityParseError):
+        parse_html(html)

@@ -32,7 +32,7 @@ async def test_conversation_turns_are_listed_for_their_owner_only(
         await read_sse(await client.get(accepted["stream_url"], headers=auth(alice)))
 
     listed = await (await client.get("/v1/conversations/c1/turns", headers=auth(alice))).json()
-    assert listed["owner"] == "alice"
+    assert listed["owner"] == "key:alice"
     assert [turn["text"] for turn in listed["turns"]] == ["First", "Second"]
     second = listed["turns"][1]
     assert second["status"] == "done" and second["reply"]

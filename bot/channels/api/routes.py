@@ -20,7 +20,8 @@ from bot.channels.api.auth import authenticate_chat
 from bot.channels.api.history import turn_document
 from bot.channels.api.streaming import reserve_stream, stream_turn, wants_event_stream
 from bot.channels.base import InboundMessage, SilentChannel
-from bot.channels.ingress import ID_MAX, IngressClock, PostedMessage, rate_limited, read_posted
+from bot.channels.ids import ID_MAX
+from bot.channels.ingress import IngressClock, PostedMessage, rate_limited, read_posted
 from bot.channels.kind import Wiring
 from bot.channels.registry import API
 from bot.http.errors import json_error

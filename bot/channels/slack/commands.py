@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Literal
 from urllib.parse import parse_qs
 
+from bot.channels.ids import slack_id, slack_team_id
 from bot.channels.modes import WHY_FRESH, run_mode
 from bot.channels.retry import run_retry
 from bot.channels.slack.payloads import dm_conversation_key
@@ -107,6 +108,9 @@ def parse_form(body: str) -> SlashCommand:
     user_id = fields.get("user_id", "")
     if not (typed and team_id and channel_id and user_id):
         raise MalformedCommand("command, team_id, channel_id or user_id missing")
+    # Each is stored (the conversation's owner and key, the turn's user): Slack's shapes only.
+    if slack_team_id(team_id) is None or not slack_id(channel_id) or not slack_id(user_id):
+        raise MalformedCommand("team_id, channel_id or user_id malformed")
     return SlashCommand(
         name=_KNOWN.get(typed.lower(), "unknown"),
         typed=typed,

@@ -30,6 +30,7 @@ from typing import Any
 
 from bot.channels.access import GroupPolicy
 from bot.channels.base import InboundMessage
+from bot.channels.ids import clip_name, slack_id, slack_team_id
 
 # Subtypes of ``message`` that are never a new user request.
 IGNORED_MESSAGE_SUBTYPES: dict[str, str] = {
@@ -173,11 +174,12 @@ def parse_body(body: Any, *, channels: GroupPolicy = "mention") -> Parsed:
             return Ignored(IGNORED_ENVELOPE_TYPES[envelope_type], kind)
         return Ignored("unknown envelope type", kind, unknown=True)
 
-    event_id = _str(body.get("event_id"))
+    event_id = slack_id(body.get("event_id"))
     event = body.get("event")
-    team_id = _str(body.get("team_id"))
+    team_id = slack_team_id(body.get("team_id"))
     if event_id is None or not isinstance(event, dict) or team_id is None:
-        raise MalformedEvent("event_callback without event_id, event or team_id")
+        # Ids of the wrong shape too: each is stored, in columns of fixed width.
+        raise MalformedEvent("event_callback without a well-formed event_id, event or team_id")
     return _parse_event(body, event, event_id=event_id, team_id=team_id, channels=channels)
 
 
@@ -210,11 +212,15 @@ def _parse_event(
     if user_id in own_ids:
         return Ignored("our own message", f"event:{event_type}", event_id)
 
-    channel_id = _str(event.get("channel"))
-    ts = _str(event.get("ts"))
+    if slack_id(user_id) is None:
+        raise MalformedEvent(f"{event_type} with a malformed user")
+    channel_id = slack_id(event.get("channel"))
+    ts = slack_id(event.get("ts"))
     if channel_id is None or ts is None:
-        raise MalformedEvent(f"{event_type} without channel or ts")
+        raise MalformedEvent(f"{event_type} without a well-formed channel or ts")
     thread_ts = _str(event.get("thread_ts"))
+    if thread_ts is not None and slack_id(thread_ts) is None:
+        raise MalformedEvent(f"{event_type} with a malformed thread_ts")
     channel_type = event.get("channel_type")
     is_dm = channel_type == "im"
 
@@ -283,7 +289,7 @@ def to_inbound(
         text=msg.text,
         user_id=msg.user_id,
         # In a DM there is one speaker: a name prefix would only cost tokens.
-        user_name=None if msg.is_dm else (user_name or msg.user_id),
+        user_name=None if msg.is_dm else clip_name(user_name or msg.user_id),
         reply_to={
             "team_id": msg.team_id,
             "channel_id": msg.channel_id,

@@ -22,6 +22,14 @@ Layout follows the source: blocks are separated by the blank lines they had,
 list items become ``•`` or their number, headings bold lines, tables a
 monospaced block. Visible text is rarely longer than its source; the renderer
 (``render``) falls back to plain text when a chunk would no longer fit.
+
+Telegram refuses a whole message for one nesting its "Formatting options"
+forbid, and the reply then goes as plain text. Markdown nests more freely, so
+the output never holds one (read strictly, as ``bot/testing/telegram_html.py``
+checks it): code inside bold, italic or strikethrough closes them around it
+and opens them again after it; code or a link inside a link is the link's
+text; a quote inside a quote is part of the outer quote. Nothing is ever put
+inside ``pre`` or ``code``: their text is escaped.
 """
 
 from __future__ import annotations
@@ -40,6 +48,9 @@ _LINK_SCHEMES = ("http://", "https://", "tg://", "mailto:")
 _BULLET = "•"
 _INDENT = "  "
 _INLINE_TAGS = {"strong": "b", "em": "i", "s": "s"}
+_NEWLINES = re.compile(r"\r\n?")
+_EMPTY_TAG = re.compile(r"<(b|i|s)></\1>")
+"""Formatting closed around code and opened again with nothing in it: dropped."""
 
 _parser = MarkdownIt("commonmark", {"html": False}).enable(["table", "strikethrough"])
 
@@ -81,8 +92,14 @@ def open_fence_after(text: str, open_fence: str | None = None) -> str | None:
 def markdown_to_html(text: str, open_fence: str | None = None) -> str:
     """Convert ``text`` to Telegram HTML; ``open_fence`` continues a code block left open."""
     source = f"{open_fence}\n{text}" if open_fence is not None else text
+    # markdown-it ends lines at \r and \r\n too: the source lines kept for the blank lines
+    # between blocks must be the lines it counted.
+    source = _NEWLINES.sub("\n", source)
     tree = SyntaxTreeNode(_parser.parse(source))
-    return _Blocks(source.split("\n")).render(tree.children, depth=0).strip("\n")
+    rendered = _Blocks(source.split("\n")).render(tree.children, depth=0, quoted=False)
+    while _EMPTY_TAG.search(rendered):
+        rendered = _EMPTY_TAG.sub("", rendered)
+    return rendered.strip("\n")
 
 
 # -- blocks ---------------------------------------------------------------------------
@@ -99,42 +116,45 @@ class _Blocks:
             return False
         return not self._lines[node.map[0] - 1].strip()
 
-    def render(self, nodes: Sequence[SyntaxTreeNode], depth: int) -> str:
-        """Sibling blocks, a line apart, or a blank line apart where the source had one."""
+    def render(self, nodes: Sequence[SyntaxTreeNode], depth: int, quoted: bool) -> str:
+        """Sibling blocks, a line apart, or a blank line apart where the source had one.
+
+        ``quoted``: inside a blockquote already, where another may not open."""
         out: list[str] = []
         for index, node in enumerate(nodes):
             if index:
                 out.append("\n\n" if self._blank_before(node) else "\n")
-            out.append(self._block(node, depth))
+            out.append(self._block(node, depth, quoted))
         return "".join(out)
 
-    def _block(self, node: SyntaxTreeNode, depth: int) -> str:
+    def _block(self, node: SyntaxTreeNode, depth: int, quoted: bool) -> str:
         kind = node.type
         if kind == "paragraph":
-            return _inline_children(node)
+            return _inline_children(node, ())
         if kind == "heading":
-            return f"<b>{_inline_children(node)}</b>"
+            return f"<b>{_inline_children(node, ('b',))}</b>"
         if kind in ("fence", "code_block"):
             return _pre(node.content.removesuffix("\n"), node.info.strip().split(" ")[0])
         if kind == "blockquote":
-            return f"<blockquote>{self.render(node.children, depth)}</blockquote>"
+            inner = self.render(node.children, depth, quoted=True)
+            return inner if quoted else f"<blockquote>{inner}</blockquote>"
         if kind in ("bullet_list", "ordered_list"):
-            return self._list(node, depth)
+            return self._list(node, depth, quoted)
         if kind == "table":
             return _table(node)
         if kind == "hr":
             return "———"
         if kind == "html_block":
             return escape(node.content.rstrip("\n"))
-        return self.render(node.children, depth)
+        return self.render(node.children, depth, quoted)
 
-    def _list(self, node: SyntaxTreeNode, depth: int) -> str:
+    def _list(self, node: SyntaxTreeNode, depth: int, quoted: bool) -> str:
         lines: list[str] = []
         number = int(node.attrs.get("start", 1) or 1)
         for item in node.children:
             marker = _BULLET if node.type == "bullet_list" else f"{number}."
             number += 1
-            body = self.render(item.children, depth + 1)
+            body = self.render(item.children, depth + 1, quoted)
             indent = _INDENT * depth
             lines.append(f"{indent}{marker} {body}" if body else f"{indent}{marker}")
         return "\n".join(lines)
@@ -155,7 +175,7 @@ def _table(node: SyntaxTreeNode) -> str:
     rows: list[list[str]] = []
     for section in node.children:  # thead, tbody
         for row in section.children:
-            rows.append([visible_text(_inline_children(cell)) for cell in row.children])
+            rows.append([visible_text(_inline_children(cell, ())) for cell in row.children])
     if not rows:
         return ""
     columns = max(len(row) for row in rows)
@@ -170,30 +190,42 @@ def _table(node: SyntaxTreeNode) -> str:
 # -- inline ---------------------------------------------------------------------------
 
 
-def _inline_children(node: SyntaxTreeNode) -> str:
-    return "".join(_inline(child) for child in node.children)
+def _inline_children(node: SyntaxTreeNode, open_tags: tuple[str, ...]) -> str:
+    """``open_tags``: the inline tags around ``node``, outermost first (``b i s a``)."""
+    return "".join(_inline(child, open_tags) for child in node.children)
 
 
-def _inline(node: SyntaxTreeNode) -> str:
+def _inline(node: SyntaxTreeNode, open_tags: tuple[str, ...]) -> str:
     kind = node.type
     if kind == "inline":
-        return _inline_children(node)
+        return _inline_children(node, open_tags)
     if kind == "text":
         return escape(node.content)
     if kind in ("softbreak", "hardbreak"):
         return "\n"
     if kind == "code_inline":
-        return f"<code>{escape(node.content)}</code>"
+        return _code(escape(node.content), open_tags)
     if kind in _INLINE_TAGS:
         tag = _INLINE_TAGS[kind]
-        inner = _inline_children(node)
+        inner = _inline_children(node, (*open_tags, tag))
         return f"<{tag}>{inner}</{tag}>" if inner else ""
     if kind in ("link", "image"):
         url = str(node.attrs.get("href" if kind == "link" else "src", ""))
-        inner = _inline_children(node)
-        if not url.lower().startswith(_LINK_SCHEMES) or not inner:
+        inner = _inline_children(node, (*open_tags, "a"))
+        # A link inside a link (an image in one) is its text: links do not nest.
+        if "a" in open_tags or not url.lower().startswith(_LINK_SCHEMES) or not inner:
             return inner
         return f'<a href="{html.escape(url, quote=True)}">{inner}</a>'
     if kind == "html_inline":
         return escape(node.content)
-    return _inline_children(node)
+    return _inline_children(node, open_tags)
+
+
+def _code(body: str, open_tags: tuple[str, ...]) -> str:
+    """Inline code where ``open_tags`` are open: a link holds no code (its text stays,
+    linked); bold, italic and strikethrough hold none either, so they close around it."""
+    if "a" in open_tags:
+        return body
+    closing = "".join(f"</{tag}>" for tag in reversed(open_tags))
+    opening = "".join(f"<{tag}>" for tag in open_tags)
+    return f"{closing}<code>{body}</code>{opening}"

@@ -35,6 +35,7 @@ from typing import Any, Literal, cast
 
 from bot.channels.access import GroupPolicy
 from bot.channels.base import InboundMessage
+from bot.channels.ids import clip_name, telegram_id
 
 HANDLED_UPDATE_TYPES = ("message", "edited_message")
 """What ``setWebhook`` asks for (``allowed_updates``)."""
@@ -137,10 +138,20 @@ def _utf16_slice(text: str, offset: int, length: int) -> tuple[int, int]:
 def _display_name(message: dict[str, Any]) -> str | None:
     sender_chat = message.get("sender_chat")
     if isinstance(sender_chat, dict) and sender_chat.get("title"):
-        return str(sender_chat["title"])  # anonymous admin or a linked channel
-    user = message.get("from") or {}
+        return clip_name(str(sender_chat["title"]))  # anonymous admin or a linked channel
+    user = _object(message.get("from"))
     name = " ".join(str(user[key]) for key in ("first_name", "last_name") if user.get(key))
-    return name or (str(user["username"]) if user.get("username") else None)
+    return clip_name(name or (str(user["username"]) if user.get("username") else None))
+
+
+def _object(value: Any) -> dict[str, Any]:
+    """A JSON object of the update, or an empty one where the update has something else."""
+    return value if isinstance(value, dict) else {}
+
+
+def _int(value: Any) -> int:
+    """An entity's offset or length as given, 0 where it is no integer."""
+    return value if type(value) is int else 0
 
 
 def _conversation_key(chat_id: int, thread_id: int | None) -> str:
@@ -154,10 +165,10 @@ def sender_of(update: dict[str, Any]) -> Sender:
         if isinstance(message, dict):
             sender = message.get("from")
             if isinstance(sender, dict):
-                user_id = sender.get("id")
+                user_id = telegram_id(sender.get("id"))
                 username = sender.get("username")
                 return Sender(
-                    str(user_id) if isinstance(user_id, int) else None,
+                    str(user_id) if user_id is not None else None,
                     username if isinstance(username, str) and username else None,
                 )
     return Sender(None, None)
@@ -176,12 +187,15 @@ def parse_update(
     if not isinstance(message, dict):
         return Ignored(update_type, "malformed update")
     edited = update_type == "edited_message"
-    chat = message.get("chat") or {}
-    chat_id, chat_type = chat.get("id"), chat.get("type")
+    chat = _object(message.get("chat"))
+    chat_id, chat_type = telegram_id(chat.get("id")), chat.get("type")
     text = message.get("text")
-    sender = message.get("from") or {}
-    if not isinstance(chat_id, int) or chat_type not in ("private", "group", "supergroup"):
+    sender = _object(message.get("from"))
+    if chat_id is None or chat_type not in ("private", "group", "supergroup"):
         return Ignored(update_type, "not a private or group chat")
+    malformed = _malformed_ids(message, sender)
+    if malformed is not None:
+        return Ignored(update_type, malformed)
     if not isinstance(text, str) or not text.strip():
         return Ignored(update_type, "no text")
     if sender.get("is_bot") and not message.get("sender_chat"):
@@ -197,7 +211,8 @@ def parse_update(
     key = _conversation_key(chat_id, thread_id)
     user_id = str(sender["id"]) if "id" in sender else None
     group = chat_type != "private"
-    entities = [e for e in message.get("entities") or [] if isinstance(e, dict)]
+    listed = message.get("entities")
+    entities = [e for e in listed if isinstance(e, dict)] if isinstance(listed, list) else []
 
     command = _command(text, entities, bot)
     if command is not None:
@@ -240,13 +255,29 @@ def parse_update(
     return Overheard(inbound) if overheard else inbound
 
 
+def _malformed_ids(message: dict[str, Any], sender: dict[str, Any]) -> str | None:
+    """Why the ids of a message Telegram could not have sent make it unusable, or None.
+
+    Each is stored or sent back (``bot.channels.ids``): an id Telegram never makes
+    (text, a float, a number past 64 bits) would fail there, after the update was
+    taken on.
+    """
+    if telegram_id(message.get("message_id")) is None:
+        return "malformed message_id"
+    if message.get("is_topic_message") and telegram_id(message.get("message_thread_id")) is None:
+        return "malformed message_thread_id"
+    if "id" in sender and telegram_id(sender["id"]) is None:
+        return "malformed sender id"
+    return None
+
+
 def _command(
     text: str, entities: list[dict[str, Any]], bot: BotIdentity
 ) -> tuple[str, str | None, str] | None:
     """(name, @bot it is addressed to or None, arguments) of a leading ``bot_command``."""
     for entity in entities:
         if entity.get("type") == "bot_command" and entity.get("offset") == 0:
-            _, end = _utf16_slice(text, 0, int(entity.get("length", 0)))
+            _, end = _utf16_slice(text, 0, _int(entity.get("length", 0)))
             name, _, addressed_to = text[1:end].partition("@")
             return name.lower(), addressed_to or None, text[end:].strip()
     return None
@@ -258,12 +289,12 @@ def _mention_of(
     """Code-point bounds of the first mention of the bot in ``text``."""
     for entity in entities:
         kind = entity.get("type")
-        offset, length = int(entity.get("offset", 0)), int(entity.get("length", 0))
+        offset, length = _int(entity.get("offset", 0)), _int(entity.get("length", 0))
         start, end = _utf16_slice(text, offset, length)
         if kind == "mention" and bot.username:
             if text[start:end].lower() == f"@{bot.username.lower()}":
                 return start, end
-        elif kind == "text_mention" and (entity.get("user") or {}).get("id") == bot.id:
+        elif kind == "text_mention" and _object(entity.get("user")).get("id") == bot.id:
             return start, end
     return None
 
@@ -275,4 +306,4 @@ def _replies_to_bot(message: dict[str, Any], bot: BotIdentity) -> bool:
     # In a forum every message "replies" to its topic's creation message; that is no reply.
     if "forum_topic_created" in replied:
         return False
-    return (replied.get("from") or {}).get("id") == bot.id
+    return _object(replied.get("from")).get("id") == bot.id

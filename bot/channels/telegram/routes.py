@@ -23,6 +23,7 @@ from aiohttp import web
 
 from bot.channels.access import GROUPS_OFF_TEXT, NOT_ALLOWED_TEXT, REFUSAL_CLASS
 from bot.channels.base import InboundMessage
+from bot.channels.ids import telegram_id
 from bot.channels.ingress import IngressClock, declined_too_long
 from bot.channels.kind import Wiring
 from bot.channels.registry import TELEGRAM
@@ -210,9 +211,10 @@ async def _read_update(
         update = parse_json_object(await read_body(request, request.app[SERVER].max_body_bytes))
     except BodyError as exc:
         return exc.response
-    update_id = update.get("update_id")
-    if not isinstance(update_id, int):
-        return json_error(400, "bad_request", "update_id must be an integer")
+    update_id = telegram_id(update.get("update_id"))
+    if update_id is None:
+        # Without it the update cannot be deduplicated; Telegram sends none like it.
+        return json_error(400, "bad_request", "update_id must be an integer of at most 64 bits")
 
     # Group rules need the bot's @username; private chats never wait for it.
     identity = BotIdentity(id=bot.settings.bot_id, username=bot.settings.username)

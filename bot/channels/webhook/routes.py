@@ -20,8 +20,8 @@ from aiohttp import web
 from pydantic import Field
 
 from bot.channels.base import InboundMessage
+from bot.channels.ids import ID_MAX
 from bot.channels.ingress import (
-    ID_MAX,
     IngressClock,
     PostedMessage,
     rate_limited,
