@@ -53,18 +53,20 @@ async def test_list_show_export_delete(
     # The id the user knows: "trip" is alice's and bob's, so it asks whose.
     ambiguous = await botctl("conversations", "show", "trip", env=env(db_url))
     assert ambiguous.exit_code == 1
-    assert "--owner alice" in ambiguous.output and "--owner bob" in ambiguous.output
-    by_key = await botctl("conversations", "show", "trip", "--owner", "alice", env=env(db_url))
+    assert "--owner key:alice" in ambiguous.output and "--owner key:bob" in ambiguous.output
+    by_key = await botctl("conversations", "show", "trip", "--owner", "key:alice", env=env(db_url))
     assert by_key.exit_code == 0, by_key.output
     assert json.loads(by_key.stdout) == document
-    only_one = await botctl("conversations", "show", "trip", "--owner", "carol", env=env(db_url))
+    only_one = await botctl(
+        "conversations", "show", "trip", "--owner", "key:carol", env=env(db_url)
+    )
     assert only_one.exit_code == 1 and "no conversation 'trip'" in only_one.output
 
     table = (await botctl("conversations", "list", env=env(db_url))).stdout.splitlines()
     assert table[0].split() == ["KEY", "OWNER", "CHANNEL", "TURNS", "STATE", "UPDATED", "ID"]
     assert sorted(line.split()[:4] for line in table[1:]) == [
-        ["trip", "alice", "api", "2"],
-        ["trip", "bob", "api", "1"],
+        ["trip", "key:alice", "api", "2"],
+        ["trip", "key:bob", "api", "1"],
     ]
 
     out = tmp_path / "alice.jsonl"
