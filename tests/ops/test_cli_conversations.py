@@ -114,7 +114,7 @@ async def test_show_by_key_after_starting_over_shows_the_newest(
     alice = await issue_key(db_url, "alice")
     assert (await chat(client, alice, "trip", "m0", "Before"))["kind"] == "done"
     await client.server.app[TURNS].new_conversation(
-        channel="api", owner="alice", conversation_key="trip"
+        channel="api", owner="key:alice", conversation_key="trip"
     )
     assert (await chat(client, alice, "trip", "m1", "After"))["kind"] == "done"
     await client.server.app[TURNS].wait_idle(timeout=30)
