@@ -31,6 +31,7 @@ from bot.chat_client import chat
 from bot.cli.common import Context, database_password_masked, pass_context
 from bot.cli.conversations import conversations
 from bot.cli.db import db
+from bot.cli.discord import discord
 from bot.cli.doctor import doctor
 from bot.cli.keys import keys
 from bot.cli.limits import limits
@@ -132,6 +133,7 @@ COMMANDS: tuple[click.Command, ...] = (
     conversations,
     doctor,
     telegram,
+    discord,
     limits,
     usage,
     chat,
