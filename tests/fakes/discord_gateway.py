@@ -127,8 +127,8 @@ class FakeDiscordGateway:
         self.connections.append(connection.peer)
         await self._send(connection, {"op": 10, "d": {"heartbeat_interval": HEARTBEAT_INTERVAL_MS}})
         async for message in ws:
-            if message.type != WSMsgType.TEXT:
-                continue
+            if message.type not in (WSMsgType.TEXT, WSMsgType.BINARY):
+                continue  # Discord takes a payload as a text or a binary frame
             payload = json.loads(message.data)
             op, data = payload.get("op"), payload.get("d")
             if op == 1:

@@ -88,6 +88,7 @@ class GatewayHolder:
             self._settings.token.get_secret_value(),
             banner=None,
             logs=None,
+            suppress_optimization_warning=True,
             intents=intents(self._settings.groups),
             rest_url=self._settings.api_base_url,
             cache_settings=CacheSettings(components=hikari.api.CacheComponents.NONE),
