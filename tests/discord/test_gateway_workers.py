@@ -128,7 +128,8 @@ async def test_one_worker_holds_the_gateway_and_another_takes_over_when_it_dies(
     killed_at = time.monotonic()
     await wait_until(lambda: len(discord_gateway.identifies) == 2, 30)
     took_over_s = time.monotonic() - killed_at
-    assert connected_in(other[2]) == 1
+    await wait_until(lambda: connected_in(other[2]) == 1, 10)
+    print(f"gateway taken over {took_over_s:.2f} s after the holder was killed")
     assert took_over_s < 15, took_over_s
 
     # The new holder feeds the same accept path: the message is stored, once.
