@@ -175,7 +175,7 @@ class FakeDiscordApi:
         bucket = self._buckets.setdefault((method, route, major), Bucket())
         limited = self._limited(route, bucket, now)
         if limited is not None:
-            self.calls.append(Call(method, route, time.time(), 429, body))
+            self.calls.append(Call(method, route, time.time(), limited.status, body))
             return limited
         response = await handler(request, parts, body)
         self.calls.append(Call(method, route, time.time(), response.status, body))
