@@ -130,7 +130,9 @@ async def test_over_a_fair_use_limit_the_user_alone_hears_it_and_nothing_is_stor
         b'{"type": 2}',
         b'{"type": 99, "application_id": "1198765432109876543"}',
         json.dumps({**ask("1220000000000000341", "x"), "application_id": "1"}).encode(),
-        json.dumps({**ask("1220000000000000342", "x"), "channel_id": "../x"}).encode(),
+        json.dumps(
+            {**ask("1220000000000000342", "x"), "channel_id": "../x", "channel": {"id": "../x"}}
+        ).encode(),
     ],
 )
 async def test_a_signed_body_that_is_no_interaction_is_a_400(
