@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -161,3 +162,26 @@ def test_register_commands_overwrites_the_application_commands(
         asyncio.run_coroutine_threadsafe(fake.close(), loop).result(10)
         loop.call_soon_threadsafe(loop.stop)
         thread.join(10)
+        loop.close()
+
+
+async def test_an_edit_before_discord_read_the_deferred_response_is_tried_again(
+    discord_api: FakeDiscordApi, http: aiohttp.ClientSession
+) -> None:
+    # The turn can start before Discord has read the handler's "type 5": its webhook is
+    # unknown there for a moment (404, code 10015). The reply must still arrive.
+    bot = channel(discord_api, http)
+    body = ask("1220000000000000404", "hi")
+    reply_to = {
+        "kind": "interaction",
+        "token": body["token"],
+        "channel_id": body["channel_id"],
+        "received_at": time.time(),
+    }
+    sink = bot.open_reply(TurnAddress("t4", "c", "discord:main", reply_to))
+    finishing = asyncio.create_task(sink.finish("the answer"))
+    await asyncio.sleep(0.4)
+    discord_api.acknowledge(body["token"], body["channel_id"], {"type": 5})
+    await asyncio.wait_for(finishing, 10)
+    assert discord_api.interaction_messages(body["token"]) == ["the answer"]
+    assert discord_api.calls_on(EDIT_ROUTE)[0].status == 404

@@ -33,14 +33,8 @@ from bot.metrics import note_rate_limited
 GLOBAL_KEY = "global"
 DEFAULT_RETRY_AFTER_S = 1.0
 """A 429 that names no wait (Discord always does; a proxy might not)."""
-# Discord's JSON error codes the reply sinks act on.
 UNKNOWN_WEBHOOK = 10015
-UNKNOWN_MESSAGE = 10008
-UNKNOWN_CHANNEL = 10003
-UNKNOWN_INTERACTION = 10062
-INVALID_WEBHOOK_TOKEN = 50027
-MISSING_ACCESS = 50001
-CANNOT_SEND_TO_USER = 50007
+"""Discord's JSON error code for a webhook (an interaction's, here) it does not know (yet)."""
 NETWORK_ERROR = "network_error"
 TIMEOUT_ERROR = "timeout"
 

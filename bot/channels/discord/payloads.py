@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 import time
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from bot.channels.access import GroupPolicy
 from bot.turns.inbound import InboundMessage
@@ -36,7 +36,6 @@ MODAL_SUBMIT = 5
 DM_CHANNEL_TYPES = frozenset({1, 3})
 # Message types a person writes: DEFAULT and REPLY; the rest are system notices.
 USER_MESSAGE_TYPES = frozenset({0, 19})
-ID_MAX_CHARS = 20
 TOKEN_MAX_CHARS = 1000
 NAME_MAX_CHARS = 80
 
@@ -279,9 +278,6 @@ def clean_text(raw: str, *, bot_user_id: str | None, mentions: Any = None) -> st
     text = _ROLE_MENTION.sub(lambda m: f"@role:{m.group(1)}", text)
     text = _CHANNEL_MENTION.sub(lambda m: f"#{m.group(1)}", text)
     return re.sub(r"[ \t]{2,}", " ", text).strip()
-
-
-ReplyKind = Literal["interaction", "message"]
 
 
 def interaction_reply_to(command: SlashCommand, *, received_at: float) -> dict[str, Any]:
