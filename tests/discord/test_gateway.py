@@ -15,6 +15,7 @@ from typing import Any
 
 from aiohttp.test_utils import TestClient
 
+from bot.channels.access import GROUPS_OFF_TEXT
 from bot.channels.discord.gateway import GATEWAYS
 from tests.conftest import MakeClient
 from tests.discord.conftest import BOT_USER_ID, discord_section, idle, load_fixture
@@ -108,3 +109,26 @@ async def test_after_a_dropped_connection_the_session_resumes_and_nothing_is_los
     replies = discord_api.channel_messages("1120000000000000002")
     assert [reply.reference for reply in replies] == ["1230000000000000021", "1230000000000000022"]
     assert (await count_rows(sqlite_url))["inbound_events"] == 2
+
+
+async def test_group_policy_off_declines_a_mention_in_the_chat_and_stores_nothing(
+    discord_api: FakeDiscordApi,
+    discord_gateway: FakeDiscordGateway,
+    make_client: MakeClient,
+    db_url: str,
+) -> None:
+    client = await make_client(
+        db_url, discord=discord_section(discord_api.base_url, gateway=True, groups="off")
+    )
+    await connected(client, discord_gateway)
+    await discord_gateway.dispatch("MESSAGE_CREATE", mention("1230000000000000041"))
+    await wait_until(lambda: bool(discord_api.channel_messages("1110000000000000002")), 30)
+    await idle(client)
+    [notice] = discord_api.channel_messages("1110000000000000002")
+    assert notice.content == f"*{GROUPS_OFF_TEXT}*" and notice.reference == "1230000000000000041"
+    assert (await count_rows(db_url))["inbound_events"] == 0
+    # A DM is still answered.
+    await discord_gateway.dispatch("MESSAGE_CREATE", dm("1230000000000000042"))
+    await wait_until(lambda: bool(discord_api.channel_messages("1120000000000000002")), 30)
+    await idle(client)
+    assert [turn.user_text for turn in await load_turns(db_url)] == ["hi, can you help me?"]
