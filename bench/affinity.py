@@ -1,4 +1,4 @@
-"""Conversation affinity vs round-robin over two real vLLM replicas, side by side in one run.
+"""Benchmark: conversation affinity vs round-robin over two real vLLM replicas, in one run.
 
 Starts two vLLM OpenAI servers on loopback (the tiny demo model), then plays
 the same shape of conversations (N chats x T turns, token-exact prompts)
@@ -18,35 +18,23 @@ import argparse
 import asyncio
 import itertools
 import statistics
-import sys
 import tempfile
 import time
 import uuid
-from collections import defaultdict
-from dataclasses import dataclass, field
 from pathlib import Path
 
+from harness import DEMO_MODEL_DIR, percentile, prefix_reuse
 from pydantic import SecretStr
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bot.config import EngineSettings
 from bot.demo_model import build_demo_model
 from bot.engine.base import GenerationRequest
 from bot.engine.openai_remote import OpenAIRemoteEngine
+from bot.testing.vllm_servers import API_KEY, SERVED_MODEL_NAME, start_servers
 from bot.turns.chat_format import ChatFormat, load_tokenizer
-from tests.vllm_servers import API_KEY, SERVED_MODEL_NAME, start_servers
 
-BLOCK = 32
-
-
-@dataclass
-class Stats:
-    cacheable: int = 0
-    cached: int = 0
-    recomputed: list[int] = field(default_factory=list)
-    ttft_ms: list[float] = field(default_factory=list)
-    ttft_by_turn: dict[int, list[float]] = field(default_factory=lambda: defaultdict(list))
+Turn = tuple[int, int, int, float]
+"""prompt tokens, completion tokens, cached tokens, TTFT ms"""
 
 
 def settings(urls: list[str]) -> EngineSettings:
@@ -60,29 +48,24 @@ def settings(urls: list[str]) -> EngineSettings:
 
 
 async def play(
-    mode: str,
-    engines: list[OpenAIRemoteEngine],
-    chat: ChatFormat,
-    chats: int,
-    turns: int,
-    max_tokens: int,
-) -> Stats:
-    stats = Stats()
+    mode: str, engines: list[OpenAIRemoteEngine], chat: ChatFormat, args: argparse.Namespace
+) -> list[list[Turn]]:
+    """Every chat's turns, all chats at once: ``engines[0]`` for every turn (affinity), or
+    the next of ``engines[1:]`` each turn (round-robin)."""
     round_robin = itertools.cycle(engines[1:])
 
-    async def conversation(index: int) -> None:
-        key = f"{mode}-chat-{index}"
+    async def conversation(index: int) -> list[Turn]:
+        turns: list[Turn] = []
         prompt = chat.first_turn(f"[{mode}] Chat {index}: hello, tell me something.").token_ids
-        previous: tuple[int, int] | None = None
-        for turn in range(turns):
+        for turn in range(args.turns):
             engine = engines[0] if mode == "affinity" else next(round_robin)
             request = GenerationRequest(
                 request_id=uuid.uuid4().hex,
                 prompt_token_ids=prompt,
-                max_tokens=max_tokens,
+                max_tokens=args.max_tokens,
                 temperature=0.0,
                 top_p=1.0,
-                session_key=key,
+                session_key=f"{mode}-chat-{index}",
             )
             started = time.perf_counter()
             first: float | None = None
@@ -95,40 +78,27 @@ async def play(
                 if chunk.finished:
                     cached = chunk.cached_tokens or 0
             ttft = ((first or time.perf_counter()) - started) * 1000
-            if previous is not None:
-                cacheable = (previous[0] + previous[1] - 1) // BLOCK * BLOCK
-                stats.cacheable += cacheable
-                stats.cached += min(cached, cacheable)
-                stats.recomputed.append(len(prompt) - cached)
-                stats.ttft_ms.append(ttft)
-            stats.ttft_by_turn[turn].append(ttft)
-            previous = (len(prompt), len(generated))
+            turns.append((len(prompt), len(generated), cached, ttft))
             prompt = prompt + generated + chat.next_turn(generated, f"turn {turn}: go on").token_ids
+        return turns
 
-    await asyncio.gather(*(conversation(i) for i in range(chats)))
-    return stats
-
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+    return list(await asyncio.gather(*(conversation(i) for i in range(args.chats))))
 
 
-def report(mode: str, stats: Stats) -> None:
-    share = stats.cached / stats.cacheable if stats.cacheable else 0.0
+def report(mode: str, chats: list[list[Turn]]) -> None:
+    cached, cacheable = prefix_reuse([[turn[:3] for turn in chat] for chat in chats])
+    later = [turn for chat in chats for turn in chat[1:]]
+    ttft = [turn[3] for turn in later]
     print(f"\n== {mode}")
-    print(f"cacheable prompt tokens served from cache (turns 2..): {share:.1%}")
     print(
-        "prompt tokens recomputed per turn (turns 2..): "
-        f"mean {statistics.mean(stats.recomputed):.1f}, total {sum(stats.recomputed)}"
+        f"cacheable prompt tokens served from cache (turns 2..): {cached / max(1, cacheable):.1%}"
     )
-    print(
-        f"TTFT turns 2..: p50 {pct(stats.ttft_ms, 0.5):.1f} ms, "
-        f"p99 {pct(stats.ttft_ms, 0.99):.1f} ms"
-    )
+    recomputed = [prompt - hit for prompt, _, hit, _ in later]
+    print(f"prompt tokens recomputed per turn (turns 2..): mean {statistics.mean(recomputed):.1f}")
+    print(f"TTFT turns 2..: p50 {percentile(ttft, 50):.1f} ms, p99 {percentile(ttft, 99):.1f} ms")
     by_turn = "  ".join(
-        f"t{turn + 1}:{statistics.median(values):.0f}"
-        for turn, values in sorted(stats.ttft_by_turn.items())
+        f"t{turn + 1}:{percentile([chat[turn][3] for chat in chats], 50):.0f}"
+        for turn in range(len(chats[0]))
     )
     print(f"TTFT p50 by turn (ms): {by_turn}")
 
@@ -140,15 +110,11 @@ async def main_async(args: argparse.Namespace, urls: list[str], model_dir: Path)
     for engine in (routed, *singles):
         await engine.start()
     try:
-        results = {}
-        for mode, engines in (("affinity", [routed]), ("round-robin", [routed, *singles])):
-            results[mode] = await play(mode, engines, chat, args.chats, args.turns, args.max_tokens)
-        print(
-            f"\n{args.chats} chats x {args.turns} turns, "
-            f"{args.max_tokens}-token replies, block {BLOCK}"
-        )
-        for mode, stats in results.items():
-            report(mode, stats)
+        affinity = await play("affinity", [routed], chat, args)
+        round_robin = await play("round-robin", [routed, *singles], chat, args)
+        print(f"\n{args.chats} chats x {args.turns} turns, {args.max_tokens}-token replies")
+        report("affinity", affinity)
+        report("round-robin", round_robin)
     finally:
         for engine in (routed, *singles):
             await engine.shutdown()
@@ -159,7 +125,7 @@ def main() -> None:
     parser.add_argument("--chats", type=int, default=8)
     parser.add_argument("--turns", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=48)
-    parser.add_argument("--model-dir", type=Path, default=Path("data/demo-model"))
+    parser.add_argument("--model-dir", type=Path, default=DEMO_MODEL_DIR)
     args = parser.parse_args()
     model_dir = build_demo_model(args.model_dir)
     with tempfile.TemporaryDirectory() as logs:

@@ -1,115 +1,74 @@
-"""The client side of bench/load.py: builds each platform's requests and sends the arrivals.
+"""The two other processes of bench/load.py: the client that sends the arrivals, and the
+platforms' side of the turns they create.
 
-By default bench/load.py runs it as a separate process (``python bench/load.py``
-starts ``python bench/load_client.py BASE_URL CHANNELS``, the API key in
-``BENCH_LOAD_KEY``), with its own event loop, so that building, signing and
-timing the requests does not share the service's loop. Protocol, one JSON line
-each way per batch of arrivals: a ``Plan`` on stdin, the list of
-``[channel, ack ms, status]`` on stdout; end of stdin ends the process.
+* ``client BASE_URL CHANNELS`` (the API key in ``BENCH_LOAD_KEY``): per plan line on stdin
+  (``{"rate", "seconds", "conversations", "run"}``) it sends open-loop Poisson arrivals,
+  each message leaving at its scheduled time whatever the earlier ones are doing (a client
+  that waited for each ack would hide a slow ack behind its own pacing), in turn over
+  the channels, and answers ``[[channel, ack ms, HTTP status], ...]``.
+* ``fakes``: the strict Telegram and Slack fakes (``bot.testing``) the turns' replies go
+  to, answering any line with their base URLs. The real platforms answer from
+  elsewhere; served from the service's process they would share its event loop.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import copy
 import itertools
 import json
 import os
 import random
 import time
-from dataclasses import asdict, dataclass
-from pathlib import Path
-from typing import Protocol, Self
+from typing import Any
 
 import aiohttp
-from harness import LOOPS, JsonLinesProcess, answer_json_lines, run_on
-from slack_sdk.signature import SignatureVerifier
+from harness import JsonLinesProcess, answer_json_lines
+from platform_requests import (
+    SLACK_BOT_USER,
+    SLACK_TEAM,
+    SLACK_TOKEN,
+    SLACK_USER,
+    TELEGRAM_BOT,
+    TELEGRAM_TOKEN,
+    TELEGRAM_USERNAME,
+    slack_headers,
+    slack_mention,
+    telegram_headers,
+    telegram_update,
+)
 
-TESTS = Path(__file__).resolve().parents[1] / "tests"
-"""The real payload fixtures live in each channel's test folder."""
+from bot.testing.slack_api import FakeSlackApi
+from bot.testing.telegram_api import FakeTelegram
+
 KEY_ENV = "BENCH_LOAD_KEY"
-"""The API key reaches the client process in the environment, not on its command line."""
-TELEGRAM_BOT = "loadbot"
-TELEGRAM_SECRET = "load-Secret_header"
-SLACK_BOT_USER = "UBOT0001"
-SLACK_USER = "U0001ALICE"
-SLACK_CHANNEL = "C0001LOAD"
-SLACK_SIGNING_SECRET = "8f742231b10e8888abcd99yyyzzz85a5"
-
-Ack = tuple[str, float, int]
-"""One arrival: its channel, its ack latency (ms) and the HTTP status."""
-
-
-@dataclass(frozen=True)
-class Plan:
-    """One batch of Poisson arrivals: ``rate``/s for ``seconds``, over ``conversations``."""
-
-    rate: float
-    seconds: float
-    conversations: int
-    run: str
+Request = tuple[str, bytes, dict[str, str]]
 
 
 class Senders:
-    """One message as each platform sends it: (path, body, headers) for a conversation."""
+    """One message as each platform sends it: (path, body, headers)."""
 
     def __init__(self, key: str) -> None:
         self._key = key
-        self._telegram = json.loads(
-            (TESTS / "telegram" / "fixtures" / "private_text.json").read_text()
-        )
-        self._slack = json.loads((TESTS / "slack" / "fixtures" / "app_mention.json").read_text())
-        self._verifier = SignatureVerifier(SLACK_SIGNING_SECRET)
-        # Telegram's update ids are the dedupe key: a run on a database that keeps earlier
-        # runs' events (PostgreSQL) must not repeat them, or its messages are duplicates.
-        # Below 10**6 with a run's messages: Slack's ts keeps its six decimals.
+        # Telegram's update ids are its dedupe key: a run must not repeat an earlier run's.
+        # Below 10**6 a run: Slack's ts keeps its six decimals.
         self._ids = itertools.count(random.randrange(1, 900_000))
 
-    def request(
-        self, channel: str, run: str, conversation: int, text: str
-    ) -> tuple[str, bytes, dict[str, str]]:
+    def request(self, channel: str, run: str, conversation: int, text: str) -> Request:
         number = next(self._ids)
         if channel == "telegram":
-            update = copy.deepcopy(self._telegram)
-            update["update_id"] = 800_000_000 + number
-            message = update["message"]
-            message["message_id"] = number
-            message["chat"]["id"] = message["from"]["id"] = 500_000 + conversation
-            message.update(text=text, date=int(time.time()))
-            headers = {"X-Telegram-Bot-Api-Secret-Token": TELEGRAM_SECRET}
-            return f"/telegram/{TELEGRAM_BOT}", json.dumps(update).encode(), headers
+            body = telegram_update(800_000_000 + number, 500_000 + conversation, text)
+            return f"/telegram/{TELEGRAM_BOT}", body, telegram_headers()
         if channel == "slack":
-            body = copy.deepcopy(self._slack)
-            body["event_id"] = f"Ev{run}{number:08d}"
-            body["event_time"] = int(time.time())
-            ts = f"{int(time.time())}.{number:06d}"
-            body["event"].update(
-                ts=ts,
-                event_ts=ts,
-                thread_ts=f"1700000000.{conversation:06d}",
-                channel=SLACK_CHANNEL,
-                user=SLACK_USER,
-                text=f"<@{SLACK_BOT_USER}> {text}",
-            )
-            body["event"].pop("blocks", None)
-            raw = json.dumps(body)
-            now = str(int(time.time()))
-            signature = self._verifier.generate_signature(timestamp=now, body=raw) or ""
-            headers = {
-                "Content-Type": "application/json",
-                "X-Slack-Request-Timestamp": now,
-                "X-Slack-Signature": signature,
-            }
-            return "/slack/events", raw.encode(), headers
+            ts, thread = f"{int(time.time())}.{number:06d}", f"1700000000.{conversation:06d}"
+            raw = slack_mention(f"Ev{run}{number:08d}", ts, thread, text)
+            return "/slack/events", raw, slack_headers(raw)
         payload = {"conversation_id": f"{run}-c{conversation}", "message_id": f"{run}-m{number}"}
         headers = {"Authorization": f"Bearer {self._key}", "Content-Type": "application/json"}
         return "/v1/messages", json.dumps({**payload, "text": text}).encode(), headers
 
 
-async def post_one(
-    http: aiohttp.ClientSession, base: str, request: tuple[str, bytes, dict[str, str]]
-) -> tuple[float, int]:
+async def post_one(http: aiohttp.ClientSession, base: str, request: Request) -> tuple[float, int]:
     path, body, headers = request
     started = time.perf_counter()
     async with http.post(f"{base}{path}", data=body, headers=headers) as response:
@@ -118,109 +77,67 @@ async def post_one(
 
 
 async def arrivals(
-    http: aiohttp.ClientSession,
-    base: str,
-    senders: Senders,
-    channels: list[str],
-    rate: float,
-    seconds: float,
-    conversations: int,
-    run: str,
-) -> list[Ack]:
-    """Send Poisson arrivals at ``rate``/s for ``seconds``; (channel, ack ms, status) each."""
-    rng = random.Random(f"{run}-{rate}")
+    http: aiohttp.ClientSession, base: str, senders: Senders, channels: list[str], plan: Any
+) -> list[tuple[str, float, int]]:
+    """Message i goes to channel i % C and conversation i % K, at Poisson times."""
+    rng = random.Random(f"{plan['run']}-{plan['rate']}")
     tasks: list[asyncio.Task[tuple[float, int]]] = []
     sent: list[str] = []
     start = time.perf_counter()
     at = 0.0
-    index = 0
-    while at < seconds:
-        delay = start + at - time.perf_counter()
-        if delay > 0:
+    while at < plan["seconds"]:
+        if (delay := start + at - time.perf_counter()) > 0:
             await asyncio.sleep(delay)
+        index = len(sent)
         channel = channels[index % len(channels)]
         text = f"Message {index}: tell me something about the number {index}."
-        request = senders.request(channel, run, index % conversations, text)
+        request = senders.request(channel, plan["run"], index % plan["conversations"], text)
         tasks.append(asyncio.create_task(post_one(http, base, request)))
         sent.append(channel)
-        index += 1
-        at += rng.expovariate(rate)
+        at += rng.expovariate(plan["rate"])
     results = await asyncio.gather(*tasks)
     return [(channel, ms, status) for channel, (ms, status) in zip(sent, results, strict=True)]
 
 
-class LoadClient(Protocol):
-    """Sends one batch of arrivals at a time, until the ``async with`` block ends."""
-
-    async def send(self, plan: Plan) -> list[Ack]: ...
-
-    async def __aenter__(self) -> Self: ...
-
-    async def __aexit__(self, *exc_info: object) -> None: ...
+def client_process(base: str, key: str, channels: list[str]) -> JsonLinesProcess:
+    return JsonLinesProcess(__file__, ["client", base, ",".join(channels)], {KEY_ENV: key})
 
 
-class InProcessClient:
-    """Sends the arrivals from the calling event loop (one HTTP session for every batch)."""
-
-    def __init__(self, base: str, key: str, channels: list[str]) -> None:
-        self._base = base
-        self._channels = channels
-        self._senders = Senders(key)
-        self._http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
-
-    async def send(self, plan: Plan) -> list[Ack]:
-        return await arrivals(
-            self._http,
-            self._base,
-            self._senders,
-            self._channels,
-            plan.rate,
-            plan.seconds,
-            plan.conversations,
-            plan.run,
-        )
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self._http.close()
+def fakes_process() -> JsonLinesProcess:
+    return JsonLinesProcess(__file__, ["fakes"], {})
 
 
-class SubprocessClient:
-    """Sends the arrivals from a process of its own: this file, run as a script."""
-
-    def __init__(self, base: str, key: str, channels: list[str], loop: str) -> None:
-        args = [base, ",".join(channels), "--loop", loop]
-        self._process = JsonLinesProcess(__file__, args, {KEY_ENV: key})
-
-    @property
-    def pid(self) -> int | None:
-        return self._process.pid
-
-    async def send(self, plan: Plan) -> list[Ack]:
-        results = await self._process.ask(asdict(plan))
-        return [(channel, ms, status) for channel, ms, status in results]
-
-    async def __aenter__(self) -> Self:
-        await self._process.__aenter__()
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self._process.__aexit__(*exc_info)
+async def serve_client(base: str, channels: list[str]) -> None:
+    senders = Senders(os.environ[KEY_ENV])
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+        await answer_json_lines(lambda plan: arrivals(http, base, senders, channels, plan))
 
 
-async def serve_plans(base: str, key: str, channels: list[str]) -> None:
-    """The client process: one line of results on stdout for each plan read from stdin."""
-    async with InProcessClient(base, key, channels) as client:
-        await answer_json_lines(lambda plan: client.send(Plan(**plan)))
+async def serve_fakes() -> None:
+    """One bot, one workspace with one user, until stdin ends."""
+    async with FakeTelegram() as telegram:
+        telegram.add_bot(TELEGRAM_TOKEN, TELEGRAM_USERNAME)
+        slack = FakeSlackApi()
+        slack.add_workspace(SLACK_TOKEN, SLACK_TEAM, bot_user_id=SLACK_BOT_USER)
+        slack.add_user(SLACK_TEAM, SLACK_USER, display_name="Alice")
+        urls = {"telegram": telegram.base_url, "slack": await slack.start()}
+        try:
+
+            async def answer(_: object) -> dict[str, str]:
+                return urls
+
+            await answer_json_lines(answer)
+        finally:
+            await slack.close()
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("base", help="the service's base URL, e.g. http://127.0.0.1:8080")
-    parser.add_argument("channels", help="ways in, in turn: api,telegram,slack")
-    parser.add_argument("--loop", choices=LOOPS, default="asyncio")
-    arguments = parser.parse_args()
-    channels = [c for c in arguments.channels.split(",") if c]
-    run_on(arguments.loop, serve_plans(arguments.base, os.environ[KEY_ENV], channels))
+    parser.add_argument("role", choices=["client", "fakes"])
+    parser.add_argument("base", nargs="?", help="client: the service's base URL")
+    parser.add_argument("channels", nargs="?", default="", help="client: api,telegram,slack")
+    args = parser.parse_args()
+    if args.role == "client":
+        asyncio.run(serve_client(args.base, [c for c in args.channels.split(",") if c]))
+    else:
+        asyncio.run(serve_fakes())

@@ -19,9 +19,9 @@ client: request sent -> first content chunk).
 
 Run:  .venv/bin/python bench/openai_compat.py --conversations 4 --turns 10 [--postgres]
 
-With ``--postgres`` the service stores on a scratch database of the local
-PostgreSQL (``BOT_BENCH_POSTGRES_DSN``, default the trust-auth server on
-127.0.0.1:5432), dropped afterwards; else on a temporary SQLite file.
+With ``--postgres`` the service stores on a database of its own on the local PostgreSQL
+(``BOT_BENCH_POSTGRES_DSN``, default the trust-auth server on 127.0.0.1:5432), dropped
+afterwards; else on a temporary SQLite file.
 """
 
 from __future__ import annotations
@@ -29,10 +29,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import itertools
 import os
 import statistics
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -40,25 +38,30 @@ from pathlib import Path
 from typing import Any
 
 import openai
+from harness import (
+    BLOCK_SIZE,
+    DEMO_MODEL_DIR,
+    bench_key,
+    percentile,
+    prefix_reuse,
+    scratch_database,
+    serve_on_loopback,
+    service_sections,
+)
 from sqlalchemy import func, select
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from harness import bench_key, percentile, scratch_database, serve_on_loopback
-
 from bot.app import create_app
-from bot.config import Settings, load_settings
+from bot.config import load_settings
 from bot.demo_model import build_demo_model
 from bot.log import configure_logging
 from bot.storage.db import create_engine, create_sessionmaker
 from bot.storage.models import Conversation, Turn
-from tests.vllm_servers import API_KEY, SERVED_MODEL_NAME, launch, wait_ready
+from bot.testing.vllm_servers import API_KEY, SERVED_MODEL_NAME, launch, wait_ready
 
 POSTGRES_ADMIN_DSN = os.environ.get(
     "BOT_BENCH_POSTGRES_DSN", "postgresql://postgres@127.0.0.1:5432/postgres"
 )
 SYSTEM_PROMPT = "You are a helpful assistant."
-BLOCK_SIZE = 32
 MAX_MODEL_LEN = 1024
 USER_LINES = [
     "Hello! How are you today?",
@@ -139,27 +142,26 @@ class Summary:
 
 
 def summarise(chats: list[list[TurnResult]]) -> Summary:
-    cached = cacheable = recomputed = 0
-    by_turn: dict[int, list[int]] = {}
-    ttft: dict[int, list[float]] = {}
-    for chat in chats:
-        for previous, current in itertools.pairwise(chat):
-            full = (
-                (previous.prompt_tokens + previous.completion_tokens - 1) // BLOCK_SIZE * BLOCK_SIZE
-            )
-            cacheable += full
-            cached += min(current.cached_tokens, full)
-            recomputed += current.prompt_tokens - current.cached_tokens
-        for result in chat:
-            by_turn.setdefault(result.turn, []).append(result.prompt_tokens - result.cached_tokens)
-            ttft.setdefault(result.turn, []).append(result.ttft_ms)
+    cached, cacheable = prefix_reuse(
+        [[(t.prompt_tokens, t.completion_tokens, t.cached_tokens) for t in chat] for chat in chats]
+    )
+    by_turn: dict[int, list[TurnResult]] = {}
+    for result in (result for chat in chats for result in chat):
+        by_turn.setdefault(result.turn, []).append(result)
     return Summary(
         share=100 * cached / max(1, cacheable),
         cached=cached,
         cacheable=cacheable,
-        recomputed_after_first=recomputed,
-        recomputed_by_turn={turn: statistics.mean(v) for turn, v in by_turn.items()},
-        ttft_by_turn={turn: percentile(v, 50) for turn, v in ttft.items()},
+        recomputed_after_first=sum(
+            t.prompt_tokens - t.cached_tokens for turn, ts in by_turn.items() if turn for t in ts
+        ),
+        recomputed_by_turn={
+            turn: statistics.mean(t.prompt_tokens - t.cached_tokens for t in ts)
+            for turn, ts in by_turn.items()
+        },
+        ttft_by_turn={
+            turn: percentile([t.ttft_ms for t in ts], 50) for turn, ts in by_turn.items()
+        },
     )
 
 
@@ -173,25 +175,18 @@ async def run_all(client: openai.AsyncOpenAI, args: argparse.Namespace, **kw: An
     return summarise(list(chats))
 
 
-def service_settings(db_url: str, model: Path, base_url: str, max_tokens: int) -> Settings:
-    return load_settings(
-        None,
-        database={"url": db_url},
-        engine={
-            "kind": "openai",
-            "model": str(model),
-            "base_urls": [base_url],
-            "api_key": API_KEY,
-            "served_model_name": SERVED_MODEL_NAME,
-            "max_model_len": MAX_MODEL_LEN,
-            "block_size": BLOCK_SIZE,
-        },
-        generation={"max_tokens": max_tokens, "temperature": 0.0, "top_p": 1.0},
-        chat={"system_prompt": SYSTEM_PROMPT},
-        logging={"level": "WARNING"},
-        # One key sending many messages: fair use would throttle the benchmark.
-        limits={"messages_per_minute": 0, "tokens_per_day": 0},
-    )
+def service_settings(db_url: str, model: Path, base_url: str, max_tokens: int) -> Any:
+    engine = {
+        "kind": "openai",
+        "model": str(model),
+        "base_urls": [base_url],
+        "api_key": API_KEY,
+        "served_model_name": SERVED_MODEL_NAME,
+        "max_model_len": MAX_MODEL_LEN,
+        "block_size": BLOCK_SIZE,
+    }
+    sections = service_sections(db_url, engine, max_tokens)
+    return load_settings(None, **sections, chat={"system_prompt": SYSTEM_PROMPT})
 
 
 def print_layers(layer_ms: list[dict[str, Any]]) -> None:
@@ -284,6 +279,6 @@ if __name__ == "__main__":
     parser.add_argument("--conversations", type=int, default=4)
     parser.add_argument("--turns", type=int, default=10)
     parser.add_argument("--max-tokens", type=int, default=32)
-    parser.add_argument("--model-dir", default="data/demo-model")
+    parser.add_argument("--model-dir", default=str(DEMO_MODEL_DIR))
     parser.add_argument("--postgres", action="store_true", help="store on the local PostgreSQL")
     asyncio.run(main(parser.parse_args()))

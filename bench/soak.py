@@ -59,17 +59,19 @@ from sqlalchemy import select
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from harness import percentile
+from platform_requests import (
+    SLACK_BOT_USER,
+    SLACK_TEAM,
+    SLACK_TOKEN,
+    SLACK_USER,
+    TELEGRAM_TOKEN,
+    TELEGRAM_USERNAME,
+    slack_app,
+    telegram_bot,
+)
 from soak_faults import EngineProxy, cut_connections, hold_lock
 from soak_platforms import (
     DELIVERY_RETRY_FOR_S,
-    SLACK_APP,
-    SLACK_BOT_USER,
-    SLACK_SIGNING_SECRET,
-    SLACK_TEAM,
-    SLACK_TOKEN,
-    TELEGRAM_BOT,
-    TELEGRAM_SECRET,
-    TELEGRAM_TOKEN,
     WEBHOOK_NAME,
     WEBHOOK_SECRET,
     ApiPlayer,
@@ -91,7 +93,7 @@ from bot.log import configure_logging
 from bot.storage.db import create_engine, create_sessionmaker
 from bot.storage.migrate import upgrade
 from bot.storage.models import InboundEvent, Turn, TurnStatus
-from tests.vllm_servers import API_KEY, SERVED_MODEL_NAME, free_port, launch, wait_ready
+from bot.testing.vllm_servers import API_KEY, SERVED_MODEL_NAME, free_port, launch, wait_ready
 
 POSTGRES_ADMIN_DSN = os.environ.get(
     "BOT_TEST_POSTGRES_DSN", "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -475,29 +477,18 @@ def worker_env(
     stop_file: Path,
 ) -> dict[str, str]:
     bots = [
-        {
-            "name": TELEGRAM_BOT,
-            "token": TELEGRAM_TOKEN,
-            "secret_token": TELEGRAM_SECRET,
-            "api_base_url": telegram.base_url,
-            "username": "SoakBot",
-            "private_min_interval_s": 0.08,
-            "group_min_interval_s": 0.16,
-            "typing_refresh_s": 0.5,
-            "max_flood_wait_s": 5.0,
-        }
+        telegram_bot(
+            telegram.base_url,
+            private_min_interval_s=0.08,
+            group_min_interval_s=0.16,
+            typing_refresh_s=0.5,
+            max_flood_wait_s=5.0,
+        )
     ]
     apps = [
-        {
-            "name": "main",
-            "signing_secret": SLACK_SIGNING_SECRET,
-            "bot_token": SLACK_TOKEN,
-            "api_base_url": slack.base_url,
-            "app_id": SLACK_APP,
-            "stream_interval_s": 0.05,
-            "update_interval_s": 0.05,
-            "post_interval_s": 0.05,
-        }
+        slack_app(
+            slack.base_url, stream_interval_s=0.05, update_interval_s=0.05, post_interval_s=0.05
+        )
     ]
     hooks = [
         {
@@ -666,9 +657,9 @@ async def main(args: argparse.Namespace) -> int:
     pool: WorkerPool | None = None
     try:
         await telegram.__aenter__()
-        telegram.add_bot(TELEGRAM_TOKEN, "SoakBot")
+        telegram.add_bot(TELEGRAM_TOKEN, TELEGRAM_USERNAME)
         slack.add_workspace(SLACK_TOKEN, SLACK_TEAM, bot_user_id=SLACK_BOT_USER)
-        slack.add_user(SLACK_TEAM, "U0001ALICE", display_name="Alice")
+        slack.add_user(SLACK_TEAM, SLACK_USER, display_name="Alice")
         await slack.start()
         await receiver.start()
         env = worker_env(

@@ -6,7 +6,7 @@ signed generic webhook) to a live worker picked at random, as a load balancer
 would, and delivers again with the same id until a worker acknowledges it (a
 worker killed or a database refusing the accept answers 503 or nothing; real
 platforms retry too). The platforms' side is played by the strict fakes of
-the test suite (tests/fakes/) and, for the webhook, a recording receiver.
+the test suite (bot/testing/) and, for the webhook, a recording receiver.
 
 ``finals()`` says, per accepted message, how many final answers its platform
 got: replies and failure notices (an apology text). Telegram and Slack
@@ -18,7 +18,6 @@ until the chat's next message (``Sent.posted_at``).
 from __future__ import annotations
 
 import asyncio
-import copy
 import itertools
 import json
 import random
@@ -26,21 +25,25 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import aiohttp
 from aiohttp import web
-from slack_sdk.signature import SignatureVerifier
+from platform_requests import (
+    SLACK_CHANNEL,
+    TELEGRAM_BOT,
+    slack_headers,
+    slack_mention,
+    telegram_headers,
+    telegram_update,
+)
 
 from bot.channels.webhook.signing import signed_headers
 from bot.errors import USER_MESSAGES
+from bot.testing.slack_api import PACED, FakeSlackApi
+from bot.testing.telegram_api import FakeTelegram
 from bot.turns.claims import INTERRUPTED_APOLOGY
-from tests.fakes.slack_api import PACED, FakeSlackApi
-from tests.fakes.telegram_api import FakeTelegram
 
-TESTS = Path(__file__).resolve().parents[1] / "tests"
-"""The real payload fixtures live in each channel's test folder."""
 NOTICES = frozenset({*USER_MESSAGES.values(), INTERRUPTED_APOLOGY})
 """What the service says instead of (or after) a reply."""
 DELIVERY_RETRY_FOR_S = 90.0
@@ -48,15 +51,6 @@ DELIVERY_RETRY_FOR_S = 90.0
 DELIVERY_BACKOFF_S = (0.2, 0.5, 1.0, 2.0)
 REQUEST_TIMEOUT_S = 15.0
 
-TELEGRAM_TOKEN = "7000000001:AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw"
-TELEGRAM_SECRET = "soak-Secret_header"
-TELEGRAM_BOT = "soakbot"
-SLACK_TOKEN = "xoxb-soak-0001"
-SLACK_TEAM = "T0001TEAM"
-SLACK_APP = "A0001APP"
-SLACK_BOT_USER = "UBOT0001"
-SLACK_SIGNING_SECRET = "8f742231b10e8888abcd99yyyzzz85a5"
-SLACK_CHANNEL = "C0001SOAK"
 WEBHOOK_NAME = "soak"
 WEBHOOK_SECRET = "soak-webhook-secret-0123456789"
 
@@ -277,31 +271,14 @@ class TelegramPlayer:
 
     def __init__(self, http: aiohttp.ClientSession, workers: Workers, fake: FlakyTelegram) -> None:
         self._http, self._workers, self.fake = http, workers, fake
-        self._template = json.loads(
-            (TESTS / "telegram" / "fixtures" / "private_text.json").read_text()
-        )
         self._update_ids = itertools.count(600_000_000)
 
     async def send(self, rng: random.Random, conversation: str, message_id: str, text: str) -> Sent:
-        chat_id = int(conversation)
-        update = copy.deepcopy(self._template)
-        update["update_id"] = next(self._update_ids)
-        message = update["message"]
-        message["message_id"] = update["update_id"] % 1_000_000
-        message["chat"]["id"] = message["from"]["id"] = chat_id
-        message["text"] = text
-        message["date"] = int(time.time())
-        sent = Sent("telegram", conversation, str(update["update_id"]), time.monotonic())
-        body = json.dumps(update).encode()
-        await deliver(
-            self._http,
-            self._workers,
-            rng,
-            sent,
-            f"/telegram/{TELEGRAM_BOT}",
-            body,
-            lambda: {"X-Telegram-Bot-Api-Secret-Token": TELEGRAM_SECRET},
-        )
+        update_id = next(self._update_ids)
+        body = telegram_update(update_id, int(conversation), text)
+        sent = Sent("telegram", conversation, str(update_id), time.monotonic())
+        path = f"/telegram/{TELEGRAM_BOT}"
+        await deliver(self._http, self._workers, rng, sent, path, body, telegram_headers)
         return sent
 
     def last_answer(self, sent: Sent) -> float | None:
@@ -353,37 +330,20 @@ class SlackPlayer:
 
     def __init__(self, http: aiohttp.ClientSession, workers: Workers, fake: FlakySlack) -> None:
         self._http, self._workers, self.fake = http, workers, fake
-        self._template = json.loads((TESTS / "slack" / "fixtures" / "app_mention.json").read_text())
-        self._verifier = SignatureVerifier(SLACK_SIGNING_SECRET)
         self._ids = itertools.count(1)
 
     async def send(self, rng: random.Random, conversation: str, message_id: str, text: str) -> Sent:
         """``conversation`` is the thread's root ts; its first message is the root."""
         number = next(self._ids)
-        ts = f"{int(time.time())}.{number:06d}"
-        body = copy.deepcopy(self._template)
-        body["event_id"] = f"Ev{number:08d}SOAK"
-        body["event_time"] = int(time.time())
-        event = body["event"]
-        event.update(
-            ts=ts,
-            event_ts=ts,
-            channel=SLACK_CHANNEL,
-            user="U0001ALICE",
-            text=f"<@{SLACK_BOT_USER}> {text}",
-        )
-        event.pop("blocks", None)
+        event_id = f"Ev{number:08d}SOAK"
         if message_id:
-            event["thread_ts"] = conversation
+            raw = slack_mention(event_id, f"{int(time.time())}.{number:06d}", conversation, text)
         else:
-            event["ts"] = event["event_ts"] = conversation
-        sent = Sent("slack", f"{SLACK_CHANNEL}:{conversation}", body["event_id"], time.monotonic())
-        raw = json.dumps(body).encode()
+            raw = slack_mention(event_id, conversation, None, text)
+        sent = Sent("slack", f"{SLACK_CHANNEL}:{conversation}", event_id, time.monotonic())
 
         def headers() -> dict[str, str]:
-            now = str(int(time.time()))
-            signature = self._verifier.generate_signature(timestamp=now, body=raw.decode())
-            return {"X-Slack-Request-Timestamp": now, "X-Slack-Signature": signature or ""}
+            return slack_headers(raw)
 
         await deliver(self._http, self._workers, rng, sent, "/slack/events", raw, headers)
         return sent

@@ -1,13 +1,14 @@
 """Benchmark: N SSE readers of a queued turn on PostgreSQL, then all dropped at once.
 
 The turn waits behind one that "another worker" holds (a live lease), so this
-worker only follows it through its row: the case where readers used to poll
-the database each. The app is served the way ``botctl serve`` serves it
+worker only follows it through its row, where each reader could cost the
+database a poll. The app is served the way ``botctl serve`` serves it
 (``web.AppRunner`` defaults: handlers are not cancelled when clients leave);
 readers are bare sockets that leave without a word.
 
-Prints SQL statements a second sent by the app (counted in-process) before,
-with N readers, and after the drop, plus the app's own tasks left running.
+Prints SQL statements a second sent by the app (counted in-process) with no reader,
+with N readers, and after the drop (all three should be alike), plus the app's own tasks
+left running.
 Needs a PostgreSQL (``--admin-dsn``) and the demo model (built if missing).
 
 Run:  .venv/bin/python bench/sse_readers.py --readers 500
@@ -24,12 +25,12 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
-from harness import scratch_database
+from harness import DEMO_MODEL_DIR, scratch_database
 from sqlalchemy import event
 
 from bot.apikeys import create_key
 from bot.app import create_app
-from bot.config import ServerSettings, load_settings
+from bot.config import load_settings
 from bot.demo_model import build_demo_model
 from bot.http.keys import DB_ENGINES
 from bot.storage import queries
@@ -108,9 +109,7 @@ async def measure(args: argparse.Namespace, url: str) -> None:
     try:
         key, turn_id = await seed(url)
         model = build_demo_model(Path(args.model_dir))
-        server: dict[str, Any] = {}
-        if "max_streams_per_key" in ServerSettings.model_fields:  # absent before the cap
-            server["max_streams_per_key"] = args.readers * 2
+        server = {"max_streams_per_key": args.readers * 2}
         settings = load_settings(
             None, database={"url": url}, engine={"model": str(model)}, server=server
         )
@@ -172,9 +171,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--readers", type=int, default=500)
     parser.add_argument("--admin-dsn", default="postgresql://postgres@127.0.0.1:5432/postgres")
-    parser.add_argument(
-        "--model-dir", default=str(Path(tempfile.gettempdir()) / "bot-bench-demo-model")
-    )
+    parser.add_argument("--model-dir", default=str(DEMO_MODEL_DIR))
     asyncio.run(run(parser.parse_args()))
 
 

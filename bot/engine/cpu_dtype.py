@@ -3,10 +3,10 @@
 "auto" takes the checkpoint's dtype, bfloat16 for most chat models today (SmolLM2
 included). vLLM's CPU build runs each linear layer through oneDNN, which on an x86
 CPU without AVX-512 refuses bfloat16 weights ("Failed to create oneDNN linear,
-fallback to torch linear") and torch's own linear then emulates bfloat16: on such an
-AVX2-only machine 4 chats at once decoded 19.0 tokens/s in bfloat16 against 51.2 in
-float32, one chat about the same (14.3 against 13.5; ``bench/cpu_dtype.py``,
-docs/performance.md, twenty-eighth session). There "auto" becomes float32, also the
+fallback to torch linear") and torch's own linear then emulates bfloat16: on an
+AVX2-only AMD EPYC, 4 chats at once decode 19.0 tokens/s in bfloat16 against 51.2 in
+float32, one chat about the same (14.3 against 13.5; SmolLM2, docs/performance.md).
+There "auto" becomes float32, also the
 more exact of the two, unless the float32 copy of the weights would take more than a
 quarter of the memory available (a large model's bfloat16 may be all that fits).
 
@@ -16,9 +16,9 @@ handful of chats keep).
 
 A dtype set explicitly, another platform than the CPU, a CPU with AVX-512, or a model
 named by a hub id (its weights are not here to weigh) keep vLLM's choice. On an
-AVX-512 CPU with BF16 instructions bfloat16 was the faster (4 chats 148-193 tokens/s
-against float32's 137 on an AMD EPYC, twenty-ninth session; 83 against 57 on an Intel
-Xeon with AMX, thirtieth); one with AVX-512 and no BF16 is not measured.
+AVX-512 CPU with BF16 instructions bfloat16 is the faster (4 chats 148-193 tokens/s
+against float32's 137 on an AMD EPYC, 83 against 57 on an Intel Xeon with AMX); one with
+AVX-512 and no BF16 is not measured.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ not stay on it: the core, the worker and the event loop that acknowledges
 messages then want the same cores, and the acks wait for the engine's time
 slices.
 
-Two remedies, measured in docs/performance.md (eighth and ninth sessions) and docs/scaling.md:
+Two remedies, with their measured effect in docs/scaling.md:
 
 * ``engine.core_on_worker_cpus`` (on by default): the engine core runs on the
   worker's CPUs. Core and worker take turns (the core schedules a step, the

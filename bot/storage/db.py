@@ -254,7 +254,7 @@ class ServiceEngines:
     readers of a turn, reports) wait for a connection only behind other requests;
     with one shared pool, the work of the turns their own acks had started (claims,
     starts, history reads, saves of replies so far, final writes) held its 15
-    connections and an ack waited up to 0.7 s for one (``bench/connection_waits.py``
+    connections and an ack waited up to 0.7 s for one (``bench/load.py`` on PostgreSQL
     at 100 messages/s with SmolLM2). On SQLite both are one engine: a file needs no
     pool, and the process's one writer queue orders all of its writes.
     """
@@ -327,7 +327,8 @@ def _ping_on_checkout(dbapi_connection: Any, record: Any, _proxy: Any) -> None:
     Every session checks a connection out, and a connection the server has closed
     since (a restart, a cut) must not fail the session's first statement. The
     pre-ping of SQLAlchemy's asyncpg dialect wraps its ";" in BEGIN and ROLLBACK
-    (SQLAlchemy's choice for pgbouncer's transaction mode, its issue 10226): three
+    (SQLAlchemy's choice for pgbouncer's transaction mode,
+    https://github.com/sqlalchemy/sqlalchemy/issues/10226): three
     trips on every checkout, each a wait for the database server and for the event
     loop on a busy machine (an accept's trips: docs/scaling.md). Here it is the ";"
     alone. As with the pre-ping, a
@@ -448,8 +449,8 @@ def create_statement_sessionmaker(engine: AsyncEngine) -> async_sessionmaker[Asy
     For writes that are one statement, all or nothing by itself (an accept's
     ``place_turn``, a claim of a free head, a save of a reply so far): the checkout's
     ping and the statement, where a transaction adds BEGIN and COMMIT, two round trips
-    that each wake the database's process on a busy host (docs/performance.md, twenty-fourth
-    session). PostgreSQL only: SQLite's writes queue for its write lock at BEGIN.
+    that each wake the database's process on a busy host (docs/performance.md, "What costs
+    what"). PostgreSQL only: SQLite's writes queue for its write lock at BEGIN.
     """
     if engine.dialect.name != "postgresql":
         raise ValueError("statements outside a transaction: PostgreSQL only")

@@ -2,8 +2,8 @@
 
 Inside a SQLite transaction begun in place (``bot.storage.sqlite_driver``), a statement
 costs SQLite tens of microseconds; SQLAlchemy's execution around it (a greenlet, the
-execution context, the cursor's adapter, the result) cost the accept more than that, five
-times an accept (``bench/accept.py``). ``execute`` compiles each statement once, with
+execution context, the cursor's adapter, the result) costs an accept several times more
+than its statements take in SQLite. ``execute`` compiles each statement once, with
 SQLAlchemy's own compiler and type processors, and then hands SQL and values straight to
 sqlite3: the same SQL and the same stored values as SQLAlchemy's execution would send.
 
@@ -12,7 +12,7 @@ lock on aiosqlite's thread) it is SQLAlchemy's ``execute``. Only for statements 
 (each is compiled per object), whose columns come back as the driver gives them (text,
 numbers, NULL), and whose columns' Python-side defaults are values or functions of no
 arguments: compiling anything else raises, rather than store or return something SQLAlchemy
-would not (``bench/accept.py`` and ``bench/final_write.py`` time the statements that use it).
+would not (the accept's and the final write's statements use it).
 
 What listens to the engine's ``before_cursor_execute`` / ``after_cursor_execute``
 (instrumentation, tests' injected faults) hears these statements too, with no execution

@@ -4,7 +4,7 @@ SQLite's accepts are such transactions: every message's ack waits for one, and t
 process's writers take SQLite's one write lock in turn anyway (``bot.storage.db``). Each
 took a pooled connection and gave it back, and that checkout and checkin (SQLAlchemy's
 ``Connection`` made and closed, the pool's bookkeeping, its reset, its events) cost a
-third of the accept's own time (``bench/accept.py``: 0.18-0.20 against 0.27-0.29 ms). A
+third of the accept's own time (0.18-0.20 against 0.27-0.29 ms an accept, back to back). A
 ``KeptConnection`` keeps the connection between its transactions instead.
 
 Only while they succeed: a transaction that raises (a duplicate delivery, a refusal, a

@@ -527,7 +527,7 @@ class LeasedClaims(TurnClaims):
         the database's clock, the locked read, the lease's write, COMMIT) where this
         takes two, and every turn a worker starts claims first: on a busy host each trip
         is a wake-up of the database's process that the event loop, acknowledging
-        messages, waits behind (docs/performance.md, twenty-fourth session). The lease is judged and
+        messages, waits behind (docs/performance.md, "What costs what"). The lease is judged and
         written on the database's clock as there (``now()``).
         """
         locked_head = (

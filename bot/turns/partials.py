@@ -12,7 +12,7 @@ each interval, however many turns generate. One save a turn each (the ping and
 the UPDATE) was more than half of a worker's round trips to PostgreSQL under
 load (``bench/load.py``: some 8,000 in an 8 s run at 100 messages/s, each a
 wake-up of a database process on the cores the event loop acknowledging
-messages needs; docs/performance.md, twenty-fifth session).
+messages needs).
 
 The write is fenced like every write of a running turn: a turn's reply only
 lands while it is running under this worker's lease. A single process (SQLite)

@@ -326,7 +326,7 @@ class TurnService:
         A process's first accept compiles each of its statements (SQLAlchemy; on
         PostgreSQL asyncpg prepares them too): a new engine's first took 13.8 ms on
         SQLite and 43.2 on PostgreSQL, after a rehearsal 3.3 and 8.0, a warm engine's
-        first message 1.5 and 5.9 (``bench/accept.py``). ``message`` must be one no key can
+        first message 1.5 and 5.9. ``message`` must be one no key can
         send (an owner of its own): every transaction is rolled back (on PostgreSQL the
         one statement's too, which runs outside one for a real message). The rehearsed
         row has the columns of a real message's (an API message's).
@@ -364,7 +364,7 @@ class TurnService:
         statement, two round trips where the transaction takes five (BEGIN, fair use's
         statement, the turn's, COMMIT), or seven for a first message (the slot looked
         for, the conversation created). Under load every trip is a wait for the event
-        loop while the accept holds a pooled connection (docs/performance.md, sixteenth session).
+        loop while the accept holds a pooled connection (docs/performance.md, "What costs what").
         Returns the slot, or None when it does not apply (SQLite, several subjects to
         count against) or stored nothing: a refusal, another persona, a conversation
         another accept was creating. The transaction then tells those apart.

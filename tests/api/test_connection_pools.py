@@ -25,7 +25,7 @@ async def test_an_ack_never_waits_for_the_connections_the_turns_hold(
     pg_url: str, make_client: MakeClient
 ) -> None:
     """Hundreds of turns starting, saving their replies so far and ending at once held
-    every pooled connection, and acks waited up to 0.7 s for one (bench/connection_waits.py).
+    every pooled connection, and acks waited up to 0.7 s for one (bench/load.py, PostgreSQL).
     With every connection the turns' work may open taken, a message is still
     acknowledged at once and stored; its turn runs once the turns have theirs back."""
     client = await make_client(pg_url)

@@ -21,8 +21,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from bot.http.keys import TURNS
-from tests.fakes.discord_api import FakeDiscordApi
-from tests.fakes.discord_gateway import FakeDiscordGateway
+from bot.testing.discord_api import FakeDiscordApi
+from bot.testing.discord_gateway import FakeDiscordGateway
 
 FIXTURES = Path(__file__).parent / "fixtures"
 APPLICATION_ID = "1198765432109876543"

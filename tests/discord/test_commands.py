@@ -12,6 +12,7 @@ import pytest
 
 from bot.channels.access import GROUPS_OFF_TEXT, NOT_ALLOWED_TEXT
 from bot.channels.discord.commands import HELP_TEXT, NEW_TEXT, NOTHING_TO_STOP_TEXT
+from bot.testing.discord_api import FakeDiscordApi
 from tests.conftest import MakeClient
 from tests.discord.conftest import (
     ALICE,
@@ -23,7 +24,6 @@ from tests.discord.conftest import (
     interact,
     post_signed,
 )
-from tests.fakes.discord_api import FakeDiscordApi
 from tests.helpers import count_rows, load_turns
 
 

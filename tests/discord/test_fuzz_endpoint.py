@@ -19,9 +19,9 @@ import pytest
 from hypothesis import strategies as st
 
 from bot.http.openapi import document
+from bot.testing.discord_api import FakeDiscordApi
 from tests.conftest import MakeClient
 from tests.discord.conftest import discord_section, load_fixture, sign
-from tests.fakes.discord_api import FakeDiscordApi
 from tests.security.fuzzing import (
     HEADER_VALUES,
     HOSTILE_BODIES,

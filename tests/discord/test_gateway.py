@@ -17,10 +17,10 @@ from aiohttp.test_utils import TestClient
 
 from bot.channels.access import GROUPS_OFF_TEXT
 from bot.channels.discord.gateway import GATEWAYS
+from bot.testing.discord_api import FakeDiscordApi
+from bot.testing.discord_gateway import FakeDiscordGateway
 from tests.conftest import MakeClient
 from tests.discord.conftest import BOT_USER_ID, discord_section, idle, load_fixture
-from tests.fakes.discord_api import FakeDiscordApi
-from tests.fakes.discord_gateway import FakeDiscordGateway
 from tests.helpers import count_rows, load_turns, wait_until
 
 CONNECT_TIMEOUT_S = 30.0

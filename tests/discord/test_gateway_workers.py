@@ -23,10 +23,10 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from bot.testing.discord_api import FakeDiscordApi
+from bot.testing.discord_gateway import FakeDiscordGateway
 from tests.discord.conftest import bot_table
 from tests.discord.test_gateway import dm
-from tests.fakes.discord_api import FakeDiscordApi
-from tests.fakes.discord_gateway import FakeDiscordGateway
 from tests.helpers import count_rows, wait_until
 from tests.vllm_servers import free_port
 

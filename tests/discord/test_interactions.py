@@ -14,6 +14,7 @@ import time
 
 import pytest
 
+from bot.testing.discord_api import MAX_CONTENT, FakeDiscordApi
 from tests.conftest import MakeClient
 from tests.discord.conftest import (
     DM_CHANNEL,
@@ -26,7 +27,6 @@ from tests.discord.conftest import (
     post_signed,
     sign,
 )
-from tests.fakes.discord_api import MAX_CONTENT, FakeDiscordApi
 from tests.helpers import count_rows, load_turns
 
 # Discord wants the interaction answered within 3 s; we hold ourselves to far less.

@@ -18,9 +18,9 @@ from bot.channels.discord.settings import DiscordBotSettings
 from bot.channels.discord.sink import DiscordReplySink
 from bot.cli import main
 from bot.errors import DeliveryError, DoctorFailure, ErrorClass
+from bot.testing.discord_api import FakeDiscordApi
 from bot.turns.replies import TurnAddress
 from tests.discord.conftest import APPLICATION_ID, ask, bot_table
-from tests.fakes.discord_api import FakeDiscordApi
 
 EDIT_ROUTE = "PATCH /webhooks/{id}/{token}/messages/{id}"
 

@@ -18,9 +18,9 @@ import pytest
 
 from bot.doctor import CheckResult, run_doctor
 from bot.storage.migrate import upgrade
+from bot.testing.slack_api import FakeSlackApi
+from bot.testing.telegram_api import FakeTelegram
 from tests.conftest import POSTGRES_ADMIN_DSN
-from tests.fakes.slack_api import FakeSlackApi
-from tests.fakes.telegram_api import FakeTelegram
 from tests.ops.helpers import botctl
 from tests.ops.openai_servers import API_KEY, SERVED, Behaviour, openai_server
 

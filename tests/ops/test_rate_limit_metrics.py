@@ -10,8 +10,8 @@ from bot.channels.slack.settings import SlackAppSettings
 from bot.channels.telegram.api import TelegramApi, TelegramApiError
 from bot.channels.telegram.settings import TelegramBotSettings
 from bot.metrics import BotMetrics
-from tests.fakes.slack_api import FakeSlackApi
-from tests.fakes.telegram_api import FakeTelegram
+from bot.testing.slack_api import FakeSlackApi
+from bot.testing.telegram_api import FakeTelegram
 from tests.ops.helpers import samples, value
 
 TOKEN = "7000000003:AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw"

@@ -12,8 +12,8 @@ from pydantic import SecretStr
 from bot.config import EngineSettings
 from bot.engine.base import GenerationChunk, GenerationRequest
 from bot.engine.openai_remote import OpenAIRemoteEngine
+from bot.testing.vllm_servers import API_KEY, SERVED_MODEL_NAME, VLLMServer, start_servers
 from tests.remote.misbehaving import MisbehavingServer
-from tests.vllm_servers import API_KEY, SERVED_MODEL_NAME, VLLMServer, start_servers
 
 
 @pytest.fixture(scope="session")

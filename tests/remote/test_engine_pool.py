@@ -22,13 +22,13 @@ from bot.app import create_app
 from bot.config import EngineSettings
 from bot.engine.openai_remote import OpenAIRemoteEngine
 from bot.http.keys import TURNS
+from bot.testing.vllm_servers import VLLMServer
 from bot.turns.chat_format import ChatFormat
 from tests.conftest import issue_key, make_settings
 from tests.engines import GatedEngine
 from tests.helpers import auth, load_turns, read_sse, wait_until
 from tests.production_server import serving
 from tests.remote.conftest import remote_settings
-from tests.vllm_servers import VLLMServer
 
 # Two vLLM servers start first (minutes on a busy 2-core machine), then 150 turns.
 pytestmark = [pytest.mark.postgres, pytest.mark.timeout(900)]

@@ -17,12 +17,12 @@ from bot.engine.routing import rendezvous_order
 from bot.engine.vllm_local import LocalVLLMEngine
 from bot.errors import EngineError, ErrorClass
 from bot.recent_answer import FRESH_S
+from bot.testing.vllm_servers import VLLMServer, free_port
 from bot.turns.chat_format import ChatFormat
 from tests.conftest import TEST_BLOCK_SIZE, MakeClient, issue_key
 from tests.helpers import auth, read_sse
 from tests.remote.conftest import collect, engine_for, request
 from tests.remote.misbehaving import MisbehavingServer
-from tests.vllm_servers import VLLMServer, free_port
 
 
 async def failure_of(engine: OpenAIRemoteEngine, req: GenerationRequest) -> EngineError:

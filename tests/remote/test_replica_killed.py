@@ -10,10 +10,10 @@ import asyncio
 from pathlib import Path
 
 from bot.engine.routing import rendezvous_order
+from bot.testing.vllm_servers import VLLMServer, start_servers
 from bot.turns.chat_format import ChatFormat
 from tests.conftest import TEST_BLOCK_SIZE
 from tests.remote.conftest import collect, engine_for, request
-from tests.vllm_servers import VLLMServer, start_servers
 
 
 async def test_a_killed_replica_fails_over_to_the_next_in_the_ranking(

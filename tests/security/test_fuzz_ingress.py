@@ -22,9 +22,9 @@ from hypothesis import strategies as st
 
 from bot.channels.webhook.signing import signed_headers
 from bot.http.keys import TURNS
+from bot.testing.slack_api import FakeSlackApi
+from bot.testing.telegram_api import FakeTelegram
 from tests.conftest import MakeClient, issue_key
-from tests.fakes.slack_api import FakeSlackApi
-from tests.fakes.telegram_api import FakeTelegram
 from tests.helpers import auth
 from tests.security.fuzzing import (
     HEADER_VALUES,

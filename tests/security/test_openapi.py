@@ -21,10 +21,10 @@ from schemathesis.specs.openapi.checks import (
 
 from bot.http.keys import TURNS
 from bot.http.openapi import document, documented_paths, routed_paths
+from bot.testing.slack_api import FakeSlackApi
+from bot.testing.telegram_api import FakeTelegram
 from tests.conftest import MakeClient, issue_key
 from tests.discord.conftest import discord_section
-from tests.fakes.slack_api import FakeSlackApi
-from tests.fakes.telegram_api import FakeTelegram
 from tests.helpers import auth
 from tests.slack.conftest import slack_section
 from tests.telegram.conftest import bot_table

@@ -18,7 +18,7 @@ from slack_sdk.signature import SignatureVerifier
 from bot.channels.slack.channel import SlackChannel
 from bot.channels.slack.settings import SlackAppSettings
 from bot.http.keys import TURNS
-from tests.fakes.slack_api import FakeSlackApi
+from bot.testing.slack_api import FakeSlackApi
 
 FIXTURES = Path(__file__).parent / "fixtures"
 TOKEN = "xoxb-test-0001"

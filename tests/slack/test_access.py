@@ -13,8 +13,8 @@ import pytest
 
 from bot.channels.access import GROUPS_OFF_TEXT, NOT_ALLOWED_TEXT
 from bot.config import ConfigError, load_settings
+from bot.testing.slack_api import FakeSlackApi
 from tests.conftest import MakeClient
-from tests.fakes.slack_api import FakeSlackApi
 from tests.helpers import conversations_in, count_rows, load_turns
 from tests.slack.conftest import (
     CHANNEL,

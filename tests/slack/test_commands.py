@@ -29,9 +29,9 @@ from bot.channels.slack.commands import (
     parse_form,
 )
 from bot.engine.vllm_local import LocalVLLMEngine
+from bot.testing.slack_api import FakeSlackApi
 from tests.conftest import MakeClient
 from tests.engines import SlowEngine
-from tests.fakes.slack_api import FakeSlackApi
 from tests.helpers import conversations_in, load_turns
 from tests.slack.conftest import (
     APP_ID,

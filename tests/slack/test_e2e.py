@@ -12,8 +12,8 @@ import time
 import pytest
 
 from bot.channels.slack.render import render_reply
+from bot.testing.slack_api import FakeSlackApi
 from tests.conftest import MakeClient
-from tests.fakes.slack_api import FakeSlackApi
 from tests.helpers import count_rows, load_turns
 from tests.slack.conftest import (
     CHANNEL,

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from bot.testing.slack_api import FakeSlackApi
 from bot.turns.chat_format import ChatFormat
 from tests.conftest import MakeClient
-from tests.fakes.slack_api import FakeSlackApi
 from tests.security.control_tokens import (
     FORGED_NAME,
     FORGED_TURN,

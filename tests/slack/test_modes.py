@@ -9,10 +9,10 @@ from __future__ import annotations
 from bot.channels.modes import WHY_FRESH
 from bot.channels.slack.commands import MODE_DM_ONLY_TEXT
 from bot.engine.vllm_local import LocalVLLMEngine
+from bot.testing.slack_api import FakeSlackApi
 from bot.turns.chat_format import ChatFormat
 from tests.conftest import TEST_SYSTEM_PROMPT, MakeClient
 from tests.engine_spy import RecordingEngine
-from tests.fakes.slack_api import FakeSlackApi
 from tests.helpers import PERSONAS, PIRATE_PROMPT, conversations_in, count_rows, load_turns
 from tests.slack.conftest import (
     DM_KEY,

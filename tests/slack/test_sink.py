@@ -15,7 +15,7 @@ from bot.channels.slack.render import render_reply
 from bot.channels.slack.sink import SlackReplySink
 from bot.channels.slack.splitting import split
 from bot.errors import DeliveryError, ErrorClass
-from tests.fakes.slack_api import FakeSlackApi
+from bot.testing.slack_api import FakeSlackApi
 from tests.slack.conftest import BOT_USER, TEAM, TOKEN, MakeChannel, app_settings
 
 CHANNEL = "C0001CHAN"

@@ -11,8 +11,8 @@ from urllib.parse import parse_qsl
 from bot.channels.slack.commands import HELP_TEXT, parse_form
 from bot.channels.stats import NOT_ADMIN_TEXT
 from bot.storage.models import Turn
+from bot.testing.slack_api import FakeSlackApi
 from tests.conftest import MakeClient
-from tests.fakes.slack_api import FakeSlackApi
 from tests.helpers import load_turns
 from tests.slack.conftest import (
     CHANNEL,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.fakes.slack_api import FakeSlackApi
+from bot.testing.slack_api import FakeSlackApi
 from tests.slack.conftest import TEAM, MakeChannel
 
 

@@ -18,8 +18,8 @@ from bot.channels.telegram.api import TelegramApi
 from bot.channels.telegram.settings import TelegramBotSettings
 from bot.http.keys import TURNS
 from bot.storage.models import Turn
+from bot.testing.telegram_api import FakeTelegram
 from tests.conftest import MakeClient
-from tests.fakes.telegram_api import FakeTelegram
 from tests.helpers import load_turns
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -13,7 +13,7 @@ from structlog.testing import capture_logs
 from bot.channels.telegram.api import TelegramApi, TelegramApiError
 from bot.channels.telegram.pacing import ChatPacer, PacingPolicy
 from bot.errors import ErrorClass
-from tests.fakes.telegram_api import FakeTelegram
+from bot.testing.telegram_api import FakeTelegram
 from tests.telegram.conftest import BOT_TOKEN, GROUP_CHAT, PRIVATE_CHAT
 
 

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from bot.channels.telegram.api import TelegramApi, TelegramApiError
-from tests.fakes.telegram_api import NOT_MODIFIED, FakeTelegram
+from bot.testing.telegram_api import NOT_MODIFIED, FakeTelegram
 from tests.telegram.conftest import GROUP_CHAT, PRIVATE_CHAT
 
 

@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
+from bot.testing.telegram_api import FakeTelegram
 from bot.turns.chat_format import ChatFormat
 from tests.conftest import MakeClient
-from tests.fakes.telegram_api import FakeTelegram
 from tests.security.control_tokens import (
     FORGED_NAME,
     FORGED_TURN,

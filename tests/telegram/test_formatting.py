@@ -6,7 +6,7 @@ import pytest
 
 from bot.channels.telegram.formatting import markdown_to_html, open_fence_after, visible_text
 from bot.channels.telegram.render import Renderer
-from tests.fakes.telegram_html import parse_html
+from bot.testing.telegram_html import parse_html
 
 # What a small chat model writes: headings, emphasis, lists, code, a link, a quote, a table.
 SAMPLE = """# Plan

@@ -13,10 +13,10 @@ import pytest
 from bot.channels.modes import WHY_FRESH
 from bot.channels.telegram.commands import HELP_TEXT, NEW_TEXT
 from bot.engine.vllm_local import LocalVLLMEngine
+from bot.testing.telegram_api import FakeTelegram
 from bot.turns.chat_format import ChatFormat
 from tests.conftest import TEST_SYSTEM_PROMPT, MakeClient
 from tests.engine_spy import RecordingEngine
-from tests.fakes.telegram_api import FakeTelegram
 from tests.helpers import PERSONAS, PIRATE_PROMPT, conversations_in, load_turns
 from tests.telegram.conftest import (
     PRIVATE_CHAT,

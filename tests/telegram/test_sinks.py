@@ -13,8 +13,8 @@ from bot.channels.telegram.api import TelegramApi
 from bot.channels.telegram.channel import TelegramChannel
 from bot.channels.telegram.settings import TelegramBotSettings
 from bot.errors import DeliveryError, ErrorClass
-from tests.fakes.telegram_api import FakeTelegram
-from tests.fakes.telegram_html import parse_html
+from bot.testing.telegram_api import FakeTelegram
+from bot.testing.telegram_html import parse_html
 from tests.telegram.conftest import BOT_TOKEN, GROUP_CHAT, PRIVATE_CHAT
 
 REPLY = "The **capital** of France is Paris. It has been the capital for a long time. " * 3

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from bot.cli.telegram import telegram
 from bot.config import load_settings
-from tests.fakes.telegram_api import FakeTelegram
+from bot.testing.telegram_api import FakeTelegram
 from tests.telegram.conftest import BOT_TOKEN
 
 

@@ -22,10 +22,10 @@ from bot.cli.telegram import telegram
 from bot.config import load_settings
 from bot.engine.vllm_local import LocalVLLMEngine
 from bot.http.keys import TURNS
+from bot.testing.telegram_api import FakeTelegram
+from bot.testing.telegram_html import parse_html
 from tests.conftest import MakeClient
 from tests.engines import MeetingEngine, TrickleEngine
-from tests.fakes.telegram_api import FakeTelegram
-from tests.fakes.telegram_html import parse_html
 from tests.helpers import count_rows, load_history_rows
 from tests.telegram.conftest import (
     BOT_TOKEN,

@@ -33,7 +33,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from tests.fakes.telegram_html import Entity, EntityParseError, parse_html, plain, utf16_len
+from bot.testing.telegram_html import Entity, EntityParseError, parse_html, plain, utf16_len
 
 MAX_TEXT = 4096
 NOT_MODIFIED = (

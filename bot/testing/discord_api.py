@@ -35,7 +35,7 @@ from aiohttp import web
 MAX_CONTENT = 2000
 TOKEN_LIFETIME_S = 15 * 60.0
 MESSAGE_FIELDS = {"content", "allowed_mentions", "message_reference", "flags"}
-NO_MENTIONS = {"parse": []}
+NO_MENTIONS: dict[str, list[str]] = {"parse": []}
 
 
 @dataclass
@@ -177,7 +177,7 @@ class FakeDiscordApi:
         if limited is not None:
             self.calls.append(Call(method, route, time.time(), limited.status, body))
             return limited
-        response = await handler(request, parts, body)
+        response: web.StreamResponse = await handler(request, parts, body)
         self.calls.append(Call(method, route, time.time(), response.status, body))
         self._count(bucket, now, response)
         return response
