@@ -80,6 +80,8 @@ async def test_a_mention_and_a_dm_are_answered_once_each(
             not turns[text].reply_text
         )
     assert turns["what is a token?"].user_name == "Alice"
+    # Every layer of the turn's log line is timed, the gateway's own wait included.
+    assert {"ingress", "auth", "persist"} <= set(turns["what is a token?"].layer_ms)
     assert discord_api.violations == [] and discord_api.pings == []
 
 

@@ -26,7 +26,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import hikari
@@ -57,6 +59,15 @@ RECONNECT_BACKOFF_S = (1.0, 2.0, 5.0, 15.0, 30.0)
 QUEUE_SIZE = 10_000
 
 
+@dataclass(frozen=True)
+class Received:
+    """A ``MESSAGE_CREATE`` payload and when it came (the turn's latencies count from here)."""
+
+    payload: dict[str, Any]
+    at: float = field(default_factory=time.time)
+    started: float = field(default_factory=time.perf_counter)
+
+
 def intents(groups: str) -> hikari.Intents:
     """What the bot asks the gateway for: server and DM messages; the privileged Message
     Content intent only to answer messages that do not mention it (``groups = "all"``):
@@ -76,7 +87,7 @@ class GatewayHolder:
         self._turns = wiring.turns
         self._max_text_chars = wiring.server.max_text_chars
         self._lease = lease
-        self._queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue(QUEUE_SIZE)
+        self._queue: asyncio.Queue[Received] = asyncio.Queue(QUEUE_SIZE)
         self._bot_user_id: str | None = None
         self.connected = asyncio.Event()
         """Set while this process holds the gateway (tests and logs)."""
@@ -159,7 +170,7 @@ class GatewayHolder:
                 self._bot_user_id = user["id"]
         elif event.name == "MESSAGE_CREATE":
             try:
-                self._queue.put_nowait(dict(event.payload))
+                self._queue.put_nowait(Received(dict(event.payload)))
             except asyncio.QueueFull:
                 log.warning("discord_gateway_queue_full", bot=self._settings.name)
 
@@ -167,15 +178,15 @@ class GatewayHolder:
 
     async def _consume(self) -> None:
         while True:
-            payload = await self._queue.get()
+            received = await self._queue.get()
             try:
-                await self.handle(payload)
+                await self.handle(received.payload, received=received)
             except Exception:
                 # The database refused (it is away): this message is lost to this run,
                 # as a webhook's would be answered 5xx; the next ones are tried anew.
                 log.exception("discord_gateway_accept_failed", bot=self._settings.name)
 
-    async def handle(self, payload: dict[str, Any]) -> None:
+    async def handle(self, payload: dict[str, Any], *, received: Received | None = None) -> None:
         """Store and schedule one ``MESSAGE_CREATE`` payload, or decline or ignore it."""
         parsed = parse_gateway_message(
             payload, bot_user_id=self._bot_user_id, groups=self._settings.groups
@@ -184,9 +195,9 @@ class GatewayHolder:
             emit = log.info if parsed.known else log.warning
             emit("discord_message_ignored", bot=self._settings.name, reason=parsed.reason)
             return
-        await self._accept(parsed)
+        await self._accept(parsed, received or Received(payload))
 
-    async def _accept(self, parsed: GatewayMessage) -> None:
+    async def _accept(self, parsed: GatewayMessage, received: Received) -> None:
         settings = self._settings
         message = to_inbound(
             channel=settings.channel,
@@ -194,6 +205,10 @@ class GatewayHolder:
             text=parsed.text,
             place=parsed.place,
             reply_to=message_reply_to(parsed),
+            # No request, no signature: the message's only layer before the accept is
+            # its wait in the queue (the turn's ``ingress``).
+            layer_ms={"ingress": (time.perf_counter() - received.started) * 1000, "auth": 0.0},
+            received_at=received.at,
             unlimited=settings.is_admin(parsed.place.user_id),
         )
         fields = {"bot": settings.name, "message_id": parsed.message_id}
