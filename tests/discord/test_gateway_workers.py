@@ -25,10 +25,10 @@ import pytest
 
 from bot.testing.discord_api import FakeDiscordApi
 from bot.testing.discord_gateway import FakeDiscordGateway
+from bot.testing.vllm_servers import free_port
 from tests.discord.conftest import bot_table
 from tests.discord.test_gateway import dm
 from tests.helpers import count_rows, wait_until
-from tests.vllm_servers import free_port
 
 pytestmark = pytest.mark.postgres
 LEASE_POLL_S = 0.5
