@@ -162,6 +162,7 @@ class FakeDiscordApi:
     async def _dispatch(self, request: web.Request) -> web.StreamResponse:
         parts = request.match_info["tail"].split("/")
         method = request.method
+        arrived = time.time()  # before anything of ours runs: the time the client sent it
         body: Any = None
         if request.can_read_body:
             try:
@@ -175,10 +176,10 @@ class FakeDiscordApi:
         bucket = self._buckets.setdefault((method, route, major), Bucket())
         limited = self._limited(route, bucket, now)
         if limited is not None:
-            self.calls.append(Call(method, route, time.time(), limited.status, body))
+            self.calls.append(Call(method, route, arrived, limited.status, body))
             return limited
         response: web.StreamResponse = await handler(request, parts, body)
-        self.calls.append(Call(method, route, time.time(), response.status, body))
+        self.calls.append(Call(method, route, arrived, response.status, body))
         self._count(bucket, now, response)
         return response
 
