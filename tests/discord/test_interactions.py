@@ -104,9 +104,9 @@ async def test_ask_is_deferred_stored_and_answered_by_paced_edits(
     assert shown.strip() == turn.reply_text.strip()
     edits = discord_api.calls_on(EDIT_ROUTE)
     assert len(edits) >= 2 and all(call.status == 200 for call in edits)
-    # About one edit per edit_interval_s (0.4 s here; the fake's buckets alone would allow one
-    # every 0.2 s), over the whole reply: the client spaces the calls it sends; the fake shares the test's event loop and may see one late,
-    # so a single gap it measures can look shorter by that delay.
+    # About one edit per edit_interval_s (0.4 s here; the fake's buckets alone would allow
+    # one every 0.2 s), over the whole reply. The client spaces the calls it sends; the fake
+    # shares the test's event loop and may see one late, so a single gap can look shorter.
     gaps = [b.at - a.at for a, b in itertools.pairwise(edits)]
     assert sum(gaps) / len(gaps) >= 0.9 * 0.4, gaps
     assert discord_api.violations == [] and discord_api.pings == []
