@@ -42,6 +42,7 @@ TEST_SYSTEM_PROMPT = "You are a test assistant."
 # out; `make test-slow` runs them alone, `make test-all` (what CI runs) runs both tiers.
 SLOW_TESTS = (
     "tests/remote/",
+    "tests/discord/test_gateway_workers.py",
     "tests/realmodel/",
     "tests/test_log_levels.py",
     "tests/test_engine_priority.py",

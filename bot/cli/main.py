@@ -32,6 +32,7 @@ from bot.chat_client import chat
 from bot.cli.common import Context, pass_context
 from bot.cli.conversations import conversations
 from bot.cli.db import db
+from bot.cli.discord import discord
 from bot.cli.doctor import doctor
 from bot.cli.failures import TRACEBACK, Botctl
 from bot.cli.init import init
@@ -152,6 +153,7 @@ COMMANDS: tuple[click.Command, ...] = (
     doctor,
     telegram,
     slack,
+    discord,
     limits,
     usage,
     chat,

@@ -427,6 +427,17 @@ _PATHS: dict[str, dict[str, Any]] = {
             },
         }
     },
+    "/discord/{name}": {
+        "post": {
+            "summary": "Discord interactions endpoint; Ed25519 signature checked, 5-minute window",
+            "parameters": [_path_param("name")],
+            "requestBody": _raw_body("application/json"),
+            "responses": {
+                "200": _json("The interaction's response (pong, deferred, or a notice)"),
+                **_errors(400, 401, 404, 408, 413),
+            },
+        }
+    },
     "/webhooks/{name}": {
         "post": {
             "summary": "Signed generic webhook (docs/webhook.md)",

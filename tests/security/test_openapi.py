@@ -24,6 +24,7 @@ from bot.http.openapi import document, documented_paths, routed_paths
 from bot.testing.slack_api import FakeSlackApi
 from bot.testing.telegram_api import FakeTelegram
 from tests.conftest import MakeClient, issue_key
+from tests.discord.conftest import discord_section
 from tests.helpers import auth
 from tests.slack.conftest import slack_section
 from tests.telegram.conftest import bot_table
@@ -44,6 +45,7 @@ async def test_every_route_is_documented_and_nothing_else(
         telegram=[bot_table(fake_telegram)],
         slack=slack_section(slack_api.base_url),
         webhooks=webhook_settings(receiver),
+        discord=discord_section("http://127.0.0.1:9/api/v10"),
     )
     assert routed_paths(everything.app) == documented_paths()
     served = await (await everything.get("/openapi.json")).json()
@@ -52,8 +54,8 @@ async def test_every_route_is_documented_and_nothing_else(
     api_only = await make_client(sqlite_url)
     paths = (await (await api_only.get("/openapi.json")).json())["paths"]
     assert "/v1/messages" in paths
-    # Slack and webhook routes exist only when configured (Telegram's always: 404 per bot).
-    assert not any(path.startswith(("/slack", "/webhooks")) for path in paths)
+    # Slack, Discord and webhook routes exist only when configured (Telegram's always).
+    assert not any(path.startswith(("/slack", "/discord", "/webhooks")) for path in paths)
 
 
 def run_schemathesis(spec: dict[str, Any], base_url: str, headers: dict[str, str]) -> int:

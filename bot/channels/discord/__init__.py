@@ -1,0 +1,1 @@
+"""Discord: slash commands over the interactions endpoint, mentions and DMs over the gateway."""
