@@ -51,6 +51,9 @@ WITHOUT_DATABASE = {
     ("telegram", "webhook-info"): "the Bot API",
     ("telegram", "delete-webhook"): "the Bot API",
     ("chat",): "a running service over HTTP",
+    ("init",): "writes bot.toml",
+    ("slack", "manifest"): "prints a document",
+    ("discord", "register-commands"): "the Discord API",
 }
 
 
