@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from bot.errors import ErrorClass
 from bot.http.body import BodyError, parse_json_object, read_body
 from bot.http.errors import json_error
-from bot.http.keys import REQUEST_RECEIVED_AT, REQUEST_STARTED
+from bot.http.keys import AUTH_MS, REQUEST_RECEIVED_AT, REQUEST_STARTED
 from bot.turns.inbound import InboundMessage
 from bot.turns.limits import Refusal
 from bot.turns.service import TurnService
@@ -52,12 +52,12 @@ Posted = TypeVar("Posted", bound=PostedText)
 
 class IngressClock(LayerClock):
     """The first two layers of a turn: ``auth`` is the time spent checking who sent the
-    message (``measure("auth")``); ``ingress`` is all the rest before the message is
-    handed over (routing, middleware, reading and parsing the body, finding the
-    conversation)."""
+    message (the key gate's, or ``measure("auth")``); ``ingress`` is all the rest before
+    the message is handed over (routing, middleware, reading and parsing the body,
+    finding the conversation)."""
 
     def __init__(self, request: web.Request) -> None:
-        super().__init__()
+        super().__init__({"auth": request.get(AUTH_MS, 0.0)})
         self._started: float = request.get(REQUEST_STARTED, time.perf_counter())
         self.received_at: float = request.get(REQUEST_RECEIVED_AT, time.time())
 

@@ -13,8 +13,9 @@ from typing import Any
 
 from aiohttp import web
 
+from bot.apikeys import Principal
 from bot.channels.openai import wire
-from bot.channels.openai.errors import RequestRefused, turn_failure
+from bot.channels.openai.errors import RequestRefused, chat_key, turn_failure
 from bot.channels.openai.events import Delta, Outcome, follow, settled
 from bot.channels.openai.ingress import (
     StartedTurn,
@@ -47,9 +48,10 @@ def usage(outcome: Outcome) -> dict[str, Any]:
     }
 
 
-async def create_chat_completion(request: web.Request) -> web.StreamResponse:
+@chat_key
+async def create_chat_completion(request: web.Request, principal: Principal) -> web.StreamResponse:
     try:
-        admitted, body = await admit(request, ChatCompletionRequest)
+        admitted, body = await admit(request, principal, ChatCompletionRequest)
         folded = fold_messages(body.messages, "messages")
         check_text(request, folded.pending)
         thread = await find_thread(request, admitted, folded.exchanges)

@@ -15,11 +15,13 @@ from typing import Any
 from aiohttp import web
 
 from bot.errors import ErrorClass
+from bot.http.key_gate import Refusal, Scope, requires
 
 
 class ErrorType(enum.StrEnum):
     INVALID_REQUEST = "invalid_request_error"
     AUTHENTICATION = "authentication_error"
+    PERMISSION = "permission_error"
     NOT_FOUND = "not_found_error"
     RATE_LIMIT = "rate_limit_error"
     SERVER = "server_error"
@@ -43,6 +45,7 @@ DEFAULT_FAILURE_STATUS = 500
 _TYPE_OF_STATUS = {
     400: ErrorType.INVALID_REQUEST,
     401: ErrorType.AUTHENTICATION,
+    403: ErrorType.PERMISSION,
     404: ErrorType.NOT_FOUND,
     413: ErrorType.INVALID_REQUEST,
     429: ErrorType.RATE_LIMIT,
@@ -80,6 +83,15 @@ class RequestRefused(Exception):
     def __init__(self, response: web.Response) -> None:
         super().__init__(response.text)
         self.response = response
+
+
+def openai_refusal(refusal: Refusal) -> web.Response:
+    """The key gate's refusal (``bot.http.key_gate``) as an OpenAI error object."""
+    return openai_error(refusal.status, refusal.reason, refusal.code.value)
+
+
+chat_key = requires(Scope.CHAT, refuse=openai_refusal)
+"""The gate of every OpenAI-compatible route: a key with the ``chat`` scope."""
 
 
 def bad_request(message: str, param: str | None = None) -> RequestRefused:

@@ -17,7 +17,7 @@ from typing import Any
 import structlog
 from aiohttp import web
 
-from bot.apikeys import Principal, authenticate
+from bot.apikeys import Principal
 from bot.channels.base import InboundMessage
 from bot.channels.ingress import IngressClock
 from bot.channels.openai.errors import RequestRefused, bad_request, openai_error
@@ -33,7 +33,6 @@ from bot.http.keys import (
     ENGINE_SETTINGS,
     SERVER,
     SESSIONS,
-    SHORT_READS,
     TURNS,
 )
 from bot.storage.models import OpenAIExchange
@@ -62,25 +61,6 @@ def check_model(engine: EngineSettings, model: Any) -> None:
         )
 
 
-def _bearer_key(request: web.Request) -> str | None:
-    scheme, _, key = request.headers.get("Authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not key.strip():
-        return None
-    return key.strip()
-
-
-async def authenticate_request(request: web.Request) -> Principal:
-    key = _bearer_key(request)
-    if key is None:
-        raise RequestRefused(
-            openai_error(401, "Missing 'Authorization: Bearer <api key>' header.", "auth")
-        )
-    principal = await authenticate(request.app[SHORT_READS], key)
-    if principal is None:
-        raise RequestRefused(openai_error(401, "Unknown, revoked or expired API key.", "auth"))
-    return principal
-
-
 @dataclass(frozen=True)
 class Admitted:
     """An authenticated request with its JSON body, and the time those took."""
@@ -90,12 +70,12 @@ class Admitted:
     """Finding the conversation counts as ingress: it is part of taking the request in."""
 
 
-async def admit(request: web.Request, request_type: type[Request]) -> tuple[Admitted, Request]:
-    """Authenticate, read the body as ``request_type`` and check the model it names;
-    raises ``RequestRefused`` with the OpenAI answer."""
+async def admit(
+    request: web.Request, principal: Principal, request_type: type[Request]
+) -> tuple[Admitted, Request]:
+    """Read the body as ``request_type`` and check the model it names; raises
+    ``RequestRefused`` with the OpenAI answer."""
     clock = IngressClock(request)
-    with clock.measure("auth"):
-        principal = await authenticate_request(request)
     try:
         document = parse_json_object(await read_body(request, request.app[SERVER].max_body_bytes))
     except BodyError as exc:

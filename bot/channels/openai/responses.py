@@ -17,10 +17,12 @@ from typing import Any
 
 from aiohttp import web
 
+from bot.apikeys import Principal
 from bot.channels.openai import wire
 from bot.channels.openai.errors import (
     RequestRefused,
     bad_request,
+    chat_key,
     error_body,
     openai_error,
 )
@@ -29,7 +31,6 @@ from bot.channels.openai.ingress import (
     Admitted,
     StartedTurn,
     admit,
-    authenticate_request,
     check_text,
     find_thread,
     served_model,
@@ -199,9 +200,10 @@ async def _previous_thread(
     return thread, folded.pending
 
 
-async def create_response(request: web.Request) -> web.StreamResponse:
+@chat_key
+async def create_response(request: web.Request, principal: Principal) -> web.StreamResponse:
     try:
-        admitted, body = await admit(request, ResponsesRequest)
+        admitted, body = await admit(request, principal, ResponsesRequest)
         folded = fold_messages(input_messages(body), "input")
         if body.previous_response_id:
             thread, text = await _previous_thread(
@@ -293,11 +295,8 @@ async def _stream(
     return response
 
 
-async def get_response(request: web.Request) -> web.Response:
-    try:
-        principal = await authenticate_request(request)
-    except RequestRefused as exc:
-        return exc.response
+@chat_key
+async def get_response(request: web.Request, principal: Principal) -> web.Response:
     requested = request.match_info["response_id"]
     turn_id = turn_id_of(requested)
     async with request.app[SESSIONS]() as session:
