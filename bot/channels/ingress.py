@@ -19,6 +19,7 @@ from bot.errors import ErrorClass
 from bot.http.body import BodyError, parse_json_object, read_body
 from bot.http.errors import json_error
 from bot.http.keys import AUTH_MS, REQUEST_RECEIVED_AT, REQUEST_STARTED
+from bot.http.storable import StorableId, StorableText
 from bot.turns.inbound import InboundMessage
 from bot.turns.limits import Refusal
 from bot.turns.service import TurnService
@@ -36,15 +37,15 @@ class PostedText(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    text: str = Field(min_length=1)
+    text: StorableText = Field(min_length=1)
 
 
 class PostedMessage(PostedText):
     """The body of a message posted to the HTTP API (and, with a name, to a webhook)."""
 
-    conversation_id: str = Field(min_length=1, max_length=ID_MAX)
-    message_id: str = Field(min_length=1, max_length=ID_MAX)
-    user_id: str | None = Field(default=None, max_length=ID_MAX)
+    conversation_id: StorableId = Field(min_length=1, max_length=ID_MAX)
+    message_id: StorableId = Field(min_length=1, max_length=ID_MAX)
+    user_id: StorableId | None = Field(default=None, max_length=ID_MAX)
 
 
 Posted = TypeVar("Posted", bound=PostedText)

@@ -31,7 +31,6 @@ from bot.storage import queries
 from bot.storage.db import create_statement_sessionmaker
 from bot.storage.kept import KeptConnection
 from bot.storage.models import InboundEvent, Turn, TurnStatus, new_id, utcnow
-from bot.storage.text import storable, storable_or_none
 from bot.turns import wakeups
 from bot.turns.branching import Edit, ForkRefused, fork_turn, latest_turn
 from bot.turns.branching import activate as activate_branch
@@ -886,10 +885,10 @@ def _turn_row(message: InboundMessage) -> dict[str, Any]:
         "id": new_id(),
         "channel": message.channel,
         "reply_to": dict(message.reply_to),
-        "user_id": storable_or_none(message.user_id),
-        "user_name": storable_or_none(message.user_name),
-        # Storable before it is ever tokenized: the stored text and ids agree.
-        "user_text": storable(message.text),
+        # Storable before it is ever tokenized (``InboundMessage``): the text and ids agree.
+        "user_id": message.user_id,
+        "user_name": message.user_name,
+        "user_text": message.text,
         "api_key_id": message.api_key_id,
         "status": TurnStatus.QUEUED,
         "started_at": None,
