@@ -251,6 +251,10 @@ class Turn(Base):
     """An edit: the turn whose user message this one replaces on a new branch."""
     attempt: Mapped[int] = mapped_column(Integer, default=1, server_default=text("1"))
     """1 for a turn's first answer, 2 for its first regeneration, ..."""
+    sampling: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True))
+    """The sampling parameters its client chose (``bot.turns.sampling.Sampling``); NULL: the
+    service's ``[generation]`` settings. Every run of the turn (in any worker, resumed,
+    continued, regenerated) builds its engine request from it."""
 
 
 FORK_AT_START = -1

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bot.storage.text import storable, storable_json
+from bot.turns.sampling import Sampling
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,8 @@ class InboundMessage:
     persona: str | None = None
     """The persona a conversation this message starts is given (a configured name); a
     conversation that already exists with another persona refuses the message."""
+    sampling: Sampling | None = None
+    """Sampling parameters its client chose, stored with the turn (``turns.sampling``)."""
 
     def __post_init__(self) -> None:
         for name in _TEXT_FIELDS:

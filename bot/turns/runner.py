@@ -38,6 +38,8 @@ from bot.turns.finished import FinishedTurn, InFinalWrite
 from bot.turns.personas import PersonaChoice, Personas
 from bot.turns.policy import TurnPolicy
 from bot.turns.replies import ReplySink, TurnAddress, UsageAwareSink
+from bot.turns.sampling import Sampling, ids_before_stop
+from bot.turns.sampling import resolve as resolve_sampling
 from bot.turns.settings import GenerationSettings
 from bot.turns.streams import TurnStreams
 from bot.turns.timing import LayerClock
@@ -295,8 +297,13 @@ class TurnRunner:
             content = combined_content(turn, progress.covered)
             user = None if answers_again else self._user_turn(persona, history, content)
             prompt = history.prompt_ids + (user.token_ids if user else [])
-        generation = persona.generation
-        max_tokens = generation.max_tokens
+        # The client's own parameters, stored with the turn, over the persona's settings.
+        sampling = resolve_sampling(
+            Sampling.from_json(turn.sampling),
+            persona.generation,
+            regeneration=turn.regenerates_turn_id is not None,
+        )
+        max_tokens = sampling.max_tokens
         compactor = self.policy.compactor
         if (
             user is not None
@@ -330,8 +337,12 @@ class TurnRunner:
             request_id=turn.id,
             prompt_token_ids=prompt,
             max_tokens=max_tokens,
-            temperature=generation.temperature,
-            top_p=generation.top_p,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            seed=sampling.seed,
+            stop=sampling.stop,
+            presence_penalty=sampling.presence_penalty,
+            frequency_penalty=sampling.frequency_penalty,
             cache_salt=cache_salt,
             session_key=turn.conversation_id,
         )
@@ -387,6 +398,10 @@ class TurnRunner:
                 )
             )
             reply_seq += 1
+        reply_ids = progress.generated
+        if sampling.stop and final.finish_reason == "stop":
+            # The history holds what the client was given (``ids_before_stop``).
+            reply_ids = ids_before_stop(persona.chat_format, progress.generated, progress.text)
         entries.append(
             Message(
                 conversation_id=turn.conversation_id,
@@ -394,7 +409,7 @@ class TurnRunner:
                 parent_seq=entries[-1].seq if entries else history.head_seq,
                 role="assistant",
                 text=progress.text,
-                token_ids=pack_token_ids(progress.generated),
+                token_ids=pack_token_ids(reply_ids),
                 turn_id=turn.id,
             )
         )

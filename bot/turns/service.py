@@ -894,6 +894,7 @@ def _turn_row(message: InboundMessage) -> dict[str, Any]:
         "started_at": None,
         "layer_ms": dict(message.layer_ms),
         "created_at": dt.datetime.fromtimestamp(message.received_at, dt.UTC),
+        "sampling": message.sampling.as_json() if message.sampling is not None else None,
     }
 
 
