@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bot.storage.text import storable, storable_json
+from bot.turns.carried import CarriedHistory
 from bot.turns.sampling import Sampling
 
 
@@ -50,6 +51,10 @@ class InboundMessage:
     conversation that already exists with another persona refuses the message."""
     sampling: Sampling | None = None
     """Sampling parameters its client chose, stored with the turn (``turns.sampling``)."""
+    carried: CarriedHistory | None = None
+    """The conversation the message comes with, as text (the OpenAI-compatible API): the
+    conversation it continues is found from it (``bot.turns.carried``), and
+    ``conversation_key`` is not used."""
 
     def __post_init__(self) -> None:
         for name in _TEXT_FIELDS:

@@ -3,8 +3,9 @@
 ``type`` is OpenAI's (clients branch on the HTTP status and on it); ``code``
 is this service's error class (``bot.errors``), the same word the turn's
 row, log line and metrics carry. OpenAI SDKs raise their own exception type
-per status: 400 ``BadRequestError``, 401 ``AuthenticationError``, 404
-``NotFoundError``, 429 ``RateLimitError``, 5xx ``InternalServerError``.
+per status: 400 ``BadRequestError``, 401 ``AuthenticationError``, 403
+``PermissionDeniedError``, 404 ``NotFoundError``, 409 ``ConflictError``, 429
+``RateLimitError``, 5xx ``InternalServerError``.
 """
 
 from __future__ import annotations
@@ -47,6 +48,8 @@ _TYPE_OF_STATUS = {
     401: ErrorType.AUTHENTICATION,
     403: ErrorType.PERMISSION,
     404: ErrorType.NOT_FOUND,
+    408: ErrorType.INVALID_REQUEST,
+    409: ErrorType.INVALID_REQUEST,
     413: ErrorType.INVALID_REQUEST,
     429: ErrorType.RATE_LIMIT,
 }

@@ -12,10 +12,12 @@ from bot.channels.kind import Wiring
 from bot.channels.openai.chat_completions import create_chat_completion
 from bot.channels.openai.errors import chat_key, openai_error
 from bot.channels.openai.ingress import served_model
+from bot.channels.openai.requests import ChatCompletionRequest, ResponsesRequest
 from bot.channels.openai.responses import create_response, get_response
 from bot.channels.registry import OPENAI
 from bot.errors import ErrorClass
 from bot.http.keys import ENGINE_SETTINGS
+from bot.http.openapi import describe_body
 
 MODEL_OWNER = "llm-chat-bot"
 
@@ -46,6 +48,8 @@ def setup(app: web.Application, tables: list[None], wiring: Wiring) -> None:
     wiring.turns.register_channel(SilentChannel(OPENAI.name))
     app.router.add_post("/v1/chat/completions", create_chat_completion)
     app.router.add_post("/v1/responses", create_response)
+    describe_body(app, "post", "/v1/chat/completions", ChatCompletionRequest)
+    describe_body(app, "post", "/v1/responses", ResponsesRequest)
     app.router.add_get("/v1/responses/{response_id}", get_response)
     app.router.add_get("/v1/models", list_models)
     app.router.add_get("/v1/models/{model:.+}", retrieve_model)
