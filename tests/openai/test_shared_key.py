@@ -136,18 +136,21 @@ async def test_two_end_users_with_the_same_history_get_their_own_conversations(
     opening = [{"role": "user", "content": "Hi!"}]
     first = await api.chat.completions.create(model=DEMO_MODEL, messages=opening, user="ann")
     history = [*opening, {"role": "assistant", "content": first.choices[0].message.content}]
-    await api.chat.completions.create(
-        model=DEMO_MODEL, messages=[*history, {"role": "user", "content": "I am Ann"}], user="ann"
-    )
-    await api.chat.completions.create(
+    # Bob's front end re-sends the very same text: it is not Ann's conversation.
+    bob = await api.chat.completions.create(
         model=DEMO_MODEL, messages=[*history, {"role": "user", "content": "I am Bob"}], user="bob"
     )
-    turns = await load_turns(sqlite_url)
-    by_user = defaultdict(set)
-    for turn in turns:
-        by_user[turn.user_id].add(turn.conversation_id)
-    assert len(by_user["ann"]) == 1  # Ann's second request continued her conversation
-    assert by_user["ann"].isdisjoint(by_user["bob"])
+    ann = await api.chat.completions.create(
+        model=DEMO_MODEL, messages=[*history, {"role": "user", "content": "I am Ann"}], user="ann"
+    )
+    turns = {f"chatcmpl-{turn.id}": turn for turn in await load_turns(sqlite_url)}
+    assert turns[bob.id].conversation_id != turns[first.id].conversation_id
+    assert turns[ann.id].conversation_id == turns[first.id].conversation_id
+    assert ann.usage is not None and ann.usage.prompt_tokens_details is not None
+    assert first.usage is not None
+    assert (ann.usage.prompt_tokens_details.cached_tokens or 0) >= cacheable(
+        first.usage.prompt_tokens, first.usage.completion_tokens
+    )
 
 
 async def test_every_conversation_of_a_busy_key_is_continued_token_exactly(
