@@ -35,6 +35,7 @@ from bot.turns.chat_format import ChatFormat, UserTurn
 from bot.turns.coalescing import claim_pending, coalesced_end, combined_content
 from bot.turns.ending import TurnEnd, TurnEndings, timings_of, usage
 from bot.turns.finished import FinishedTurn, InFinalWrite
+from bot.turns.limits import FairUse, subjects_for
 from bot.turns.personas import PersonaChoice, Personas
 from bot.turns.policy import TurnPolicy
 from bot.turns.replies import ReplySink, TurnAddress, UsageAwareSink
@@ -76,6 +77,8 @@ class _Progress:
     compaction_write: InFinalWrite | None = None
     """A compaction stored with the turn's end (a prepared base), its entries first in
     ``history_entries``."""
+    summary_tokens: int = 0
+    """Tokens the engine generated for the compaction's summary: fair use counts them."""
     compaction_entries: list[Message] = field(default_factory=list)
     history_entries: list[Message] = field(default_factory=list)
     """User and assistant entries, stored with the final status of a done turn."""
@@ -215,6 +218,7 @@ class TurnRunner:
                 charge=_in_final_write(
                     progress.compaction_write,
                     self.policy.fair_use.charge_turn if self.policy.fair_use else None,
+                    _charge_summary(self.policy.fair_use, progress.summary_tokens),
                 ),
                 known=self._known_paths,
             )
@@ -325,6 +329,8 @@ class TurnRunner:
             if compacted is not None:
                 history = compacted.history
                 progress.compaction_id = compacted.compaction_id
+                # Engine work like the turn's own (a long history re-sent by a client too).
+                progress.summary_tokens = compacted.summary_tokens
                 progress.compaction_entries = list(compacted.entries)
                 progress.compaction_write = compacted.write
                 user = self._user_turn(persona, history, content)
@@ -460,6 +466,20 @@ class TurnRunner:
             round(ttft, 3) if ttft is not None else None,
             round((time.time() - received_at) * 1000, 3),
         )
+
+
+def _charge_summary(fair_use: FairUse | None, tokens: int) -> InFinalWrite | None:
+    """A compaction's summary charged to the turn's fair-use subjects, with the turn's end."""
+    if fair_use is None or tokens <= 0:
+        return None
+
+    async def charge(session: AsyncSession, turn: FinishedTurn) -> None:
+        subjects = subjects_for(
+            api_key_id=turn.api_key_id, channel=turn.channel, user_id=turn.user_id
+        )
+        await fair_use.charge(session, subjects, tokens)
+
+    return charge
 
 
 def _in_final_write(*steps: InFinalWrite | None) -> InFinalWrite | None:
