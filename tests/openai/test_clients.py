@@ -8,7 +8,7 @@ client's own exception type for the status.
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import openai
@@ -101,12 +101,13 @@ async def test_openai_streams_count_against_the_keys_stream_cap(
     api = sdk(client, await issue_key(db_url))
     held = await api.chat.completions.create(model=DEMO_MODEL, messages=STORY, stream=True)
     assert (await anext(aiter(held))).choices[0].delta.role == "assistant"
-    for over_the_cap in (
-        api.chat.completions.create(model=DEMO_MODEL, messages=STORY, stream=True),
-        api.responses.create(model=DEMO_MODEL, input="Hi", stream=True),
-    ):
+    over_the_cap: list[Callable[[], Awaitable[Any]]] = [
+        lambda: api.chat.completions.create(model=DEMO_MODEL, messages=STORY, stream=True),
+        lambda: api.responses.create(model=DEMO_MODEL, input="Hi", stream=True),
+    ]
+    for request in over_the_cap:
         with pytest.raises(openai.RateLimitError) as over:
-            await over_the_cap
+            await request()
         assert over.value.code == "rate_limited"
     assert len(await load_turns(db_url)) == 1  # nothing stored for a refused stream
     slow.pause_s = 0
