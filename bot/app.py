@@ -45,6 +45,7 @@ from bot.storage.db import (
     watch_answers,
 )
 from bot.storage.kept import kept_for_accepts
+from bot.turns.carried import CarriedHistories
 from bot.turns.chat_format import ChatFormat, ChatFormatSource, load_tokenizer
 from bot.turns.claims import build_claims
 from bot.turns.limits import FairUse
@@ -162,6 +163,7 @@ async def create_app(
             personas=turns.personas,
         )
         turns.set_runner(runner)
+        turns.carried = CarriedHistories(read_sessions, fmt)
         await turns.recover()
         # The pools' connections opened and the statements of a message's way to its
         # first token compiled before the first message rather than in it (bot.warm_up).

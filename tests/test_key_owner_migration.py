@@ -15,7 +15,7 @@ from bot.storage.db import create_engine
 from bot.storage.migrate import downgrade, upgrade
 
 BEFORE = "0011"
-AFTER = "0012_key_owners"
+AFTER = "0012"
 
 
 async def _rows(url: str, sql: str) -> list[tuple[str, ...]]:

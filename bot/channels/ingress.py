@@ -19,7 +19,8 @@ from bot.channels.ids import ID_MAX
 from bot.errors import ErrorClass
 from bot.http.body import BodyError, parse_json_object, read_body
 from bot.http.errors import json_error
-from bot.http.keys import REQUEST_RECEIVED_AT, REQUEST_STARTED
+from bot.http.keys import AUTH_MS, REQUEST_RECEIVED_AT, REQUEST_STARTED
+from bot.http.storable import StorableId, StorableText
 from bot.turns.inbound import InboundMessage
 from bot.turns.limits import Refusal
 from bot.turns.service import TurnService
@@ -34,15 +35,15 @@ class PostedText(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    text: str = Field(min_length=1)
+    text: StorableText = Field(min_length=1)
 
 
 class PostedMessage(PostedText):
     """The body of a message posted to the HTTP API (and, with a name, to a webhook)."""
 
-    conversation_id: str = Field(min_length=1, max_length=ID_MAX)
-    message_id: str = Field(min_length=1, max_length=ID_MAX)
-    user_id: str | None = Field(default=None, max_length=ID_MAX)
+    conversation_id: StorableId = Field(min_length=1, max_length=ID_MAX)
+    message_id: StorableId = Field(min_length=1, max_length=ID_MAX)
+    user_id: StorableId | None = Field(default=None, max_length=ID_MAX)
 
 
 Posted = TypeVar("Posted", bound=PostedText)
@@ -50,12 +51,12 @@ Posted = TypeVar("Posted", bound=PostedText)
 
 class IngressClock(LayerClock):
     """The first two layers of a turn: ``auth`` is the time spent checking who sent the
-    message (``measure("auth")``); ``ingress`` is all the rest before the message is
-    handed over (routing, middleware, reading and parsing the body, finding the
-    conversation)."""
+    message (the key gate's, or ``measure("auth")``); ``ingress`` is all the rest before
+    the message is handed over (routing, middleware, reading and parsing the body,
+    finding the conversation)."""
 
     def __init__(self, request: web.Request) -> None:
-        super().__init__()
+        super().__init__({"auth": request.get(AUTH_MS, 0.0)})
         self._started: float = request.get(REQUEST_STARTED, time.perf_counter())
         self.received_at: float = request.get(REQUEST_RECEIVED_AT, time.time())
 

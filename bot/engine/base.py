@@ -21,6 +21,10 @@ class GenerationRequest:
     temperature: float
     top_p: float
     seed: int | None = None
+    stop: tuple[str, ...] = ()
+    """Strings that end the reply where they begin (left out of its text)."""
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
     cache_salt: str | None = None
     """Tenant salt: prompts with different salts never share KV blocks."""
     session_key: str | None = None

@@ -272,6 +272,12 @@ class OpenAIRemoteEngine:
         }
         if request.seed is not None:
             body["seed"] = request.seed
+        if request.stop:
+            body["stop"] = list(request.stop)
+        if request.presence_penalty:
+            body["presence_penalty"] = request.presence_penalty
+        if request.frequency_penalty:
+            body["frequency_penalty"] = request.frequency_penalty
         if request.cache_salt:
             body["cache_salt"] = request.cache_salt
         return body

@@ -134,6 +134,9 @@ class LocalVLLMEngine:
             temperature=request.temperature,
             top_p=request.top_p,
             seed=request.seed,
+            stop=list(request.stop) or None,
+            presence_penalty=request.presence_penalty,
+            frequency_penalty=request.frequency_penalty,
             output_kind=RequestOutputKind.DELTA,
         )
         # Already-tokenized engine input: vLLM neither renders nor re-tokenizes it.

@@ -45,3 +45,5 @@ USAGE = web.AppKey("usage", UsageReports)
 # Per-request values set by the middleware.
 REQUEST_STARTED = web.RequestKey("request_started_perf", float)
 REQUEST_RECEIVED_AT = web.RequestKey("request_received_at", float)
+AUTH_MS = web.RequestKey("auth_ms", float)
+"""How long the key gate (``bot.http.key_gate``) took: the ``auth`` layer of the turn's log line."""

@@ -11,6 +11,7 @@ from aiohttp import web
 
 from bot.http.errors import json_error
 from bot.http.keys import REQUEST_RECEIVED_AT, REQUEST_STARTED
+from bot.http.storable import refuse_unstorable_path
 from bot.storage.db import storage_unavailable
 
 log = structlog.get_logger(__name__)
@@ -27,7 +28,8 @@ async def request_context(request: web.Request, handler: Handler) -> web.StreamR
     """Stamp arrival time and bind a request id to every log line of this request.
 
     Every error answer is JSON ``{"error", "reason"}``: aiohttp's own (unknown
-    path, wrong method) too. An unexpected exception is a 500 that tells the
+    path, wrong method) too. A path id no row can hold is refused here, for every
+    route (``bot.http.storable``). An unexpected exception is a 500 that tells the
     client only the request id; its text and traceback go to the log under it.
     """
     request[REQUEST_STARTED] = time.perf_counter()
@@ -36,6 +38,9 @@ async def request_context(request: web.Request, handler: Handler) -> web.StreamR
     structlog.contextvars.clear_contextvars()
     structlog.contextvars.bind_contextvars(request_id=request_id)
     try:
+        refused = refuse_unstorable_path(request)
+        if refused is not None:
+            return refused
         return await handler(request)
     except web.HTTPException as exc:
         if exc.status < HTTP_ERROR_MIN:

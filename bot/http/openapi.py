@@ -13,6 +13,9 @@ from __future__ import annotations
 from typing import Any
 
 from aiohttp import web
+from pydantic import BaseModel
+
+from bot.http.json_schema import openapi_schema
 
 OPENAPI_PATH = "/openapi.json"
 ID_MAX = 200  # the API's limit on conversation, message and user ids
@@ -23,15 +26,19 @@ _ERROR = {
     "properties": {"error": {"type": "string"}, "reason": {"type": "string"}},
 }
 _REASONS = {
-    400: "Malformed: bad JSON, missing or unknown fields, too long; nothing stored",
+    400: (
+        "Malformed: bad JSON, missing or unknown fields, too long, an id holding U+0000 or "
+        "an unpaired surrogate; nothing stored"
+    ),
     401: "Missing, wrong, revoked or expired credentials (key, secret, signature)",
     403: "The API key lacks the scope this endpoint needs",
     404: "No such resource (another owner's turn, an unconfigured integration)",
     408: "The request body did not arrive within server.body_timeout_s",
     409: (
         "The turn cannot be regenerated, edited or activated now, a persona was given "
-        "for a conversation started with another one, or the message_id was already used "
-        "for another message (the reason says why); nothing stored"
+        "for a conversation started with another one, the message_id was already used "
+        "for another message, or previous_response_id is no longer its conversation's "
+        "latest (the reason says why); nothing stored"
     ),
     413: "The body is over server.max_body_bytes",
     429: "Over a fair-use limit; Retry-After says when to try again; nothing stored",
@@ -197,7 +204,7 @@ _PATHS: dict[str, dict[str, Any]] = {
             "summary": "A turn's status, reply, usage and timings",
             "security": _BEARER,
             "parameters": [_path_param("turn_id")],
-            "responses": {"200": _json("The turn"), **_errors(401, 403, 404)},
+            "responses": {"200": _json("The turn"), **_errors(400, 401, 403, 404)},
         }
     },
     "/v1/turns/{turn_id}/events": {
@@ -208,7 +215,7 @@ _PATHS: dict[str, dict[str, Any]] = {
                 _path_param("turn_id"),
                 {"name": "Last-Event-ID", "in": "header", "schema": {"type": "string"}},
             ],
-            "responses": {"200": _SSE, **_errors(401, 403, 404, 429)},
+            "responses": {"200": _SSE, **_errors(400, 401, 403, 404, 429)},
         }
     },
     "/v1/turns/{turn_id}/cancel": {
@@ -216,7 +223,10 @@ _PATHS: dict[str, dict[str, Any]] = {
             "summary": "Stop a running turn or drop a queued one",
             "security": _BEARER,
             "parameters": [_path_param("turn_id")],
-            "responses": {"200": _json("Whether it was cancelled"), **_errors(401, 403, 404)},
+            "responses": {
+                "200": _json("Whether it was cancelled"),
+                **_errors(400, 401, 403, 404),
+            },
         }
     },
     "/v1/turns/{turn_id}/regenerate": {
@@ -227,7 +237,7 @@ _PATHS: dict[str, dict[str, Any]] = {
             "responses": {
                 "200": _SSE,
                 "202": _json("Stored: the new attempt's turn"),
-                **_errors(401, 403, 404, 409, 429),
+                **_errors(400, 401, 403, 404, 409, 429),
             },
         }
     },
@@ -252,7 +262,7 @@ _PATHS: dict[str, dict[str, Any]] = {
             "summary": "Make the branch through this turn's reply the conversation's active one",
             "security": _BEARER,
             "parameters": [_path_param("turn_id")],
-            "responses": {"200": _json("Activated"), **_errors(401, 403, 404, 409)},
+            "responses": {"200": _json("Activated"), **_errors(400, 401, 403, 404, 409)},
         }
     },
     "/v1/conversations": {
@@ -286,7 +296,7 @@ _PATHS: dict[str, dict[str, Any]] = {
             "summary": "The active branch's turns, oldest first, with their alternatives",
             "security": _BEARER,
             "parameters": [_path_param("conversation_id")],
-            "responses": {"200": _json("The turns"), **_errors(401, 403, 404)},
+            "responses": {"200": _json("The turns"), **_errors(400, 401, 403, 404)},
         }
     },
     "/v1/usage": {
@@ -332,7 +342,7 @@ _PATHS: dict[str, dict[str, Any]] = {
                     "description": "The response, or its events as Server-Sent Events",
                     "content": {"application/json": {}, "text/event-stream": {}},
                 },
-                **_openai_errors(400, 401, 403, 404, 408, 413, 429, 500, 503, 504),
+                **_openai_errors(400, 401, 403, 404, 408, 409, 413, 429, 500, 503, 504),
             },
         }
     },
@@ -341,7 +351,10 @@ _PATHS: dict[str, dict[str, Any]] = {
             "summary": "A stored response",
             "security": _BEARER,
             "parameters": [_path_param("response_id")],
-            "responses": {"200": _json("The response"), **_openai_errors(401, 403, 404)},
+            "responses": {
+                "200": _json("The response"),
+                **_openai_errors(400, 401, 403, 404),
+            },
         }
     },
     "/v1/models": {
@@ -356,7 +369,7 @@ _PATHS: dict[str, dict[str, Any]] = {
             "summary": "One model",
             "security": _BEARER,
             "parameters": [_path_param("model")],
-            "responses": {"200": _json("The model"), **_openai_errors(401, 403, 404)},
+            "responses": {"200": _json("The model"), **_openai_errors(400, 401, 403, 404)},
         }
     },
     "/healthz": {"get": {"summary": "Liveness", "responses": {"200": _json("Alive")}}},
@@ -393,7 +406,7 @@ _PATHS: dict[str, dict[str, Any]] = {
         "get": {
             "summary": "The web page's scripts and styles",
             "parameters": [_path_param("filename")],
-            "responses": {"200": {"description": "The file"}, **_errors(404)},
+            "responses": {"200": {"description": "The file"}, **_errors(400, 404)},
         }
     },
     "/telegram/{bot_name}": {
@@ -465,19 +478,40 @@ def routed_paths(app: web.Application) -> set[tuple[str, str]]:
     return found
 
 
+REQUEST_MODELS = web.AppKey("openapi_request_models", dict[tuple[str, str], type[BaseModel]])
+"""(method, path) -> the pydantic model of its JSON body, for the routes that declare one."""
+
+
+def describe_body(app: web.Application, method: str, path: str, model: type[BaseModel]) -> None:
+    """Document ``method path``'s JSON body as ``model`` (a route's typed request)."""
+    app.setdefault(REQUEST_MODELS, {})[(method.lower(), path)] = model
+
+
 def document(app: web.Application) -> dict[str, Any]:
     """The OpenAPI document of the paths ``app`` routes."""
     routed = routed_paths(app)
     paths = {
-        path: {method: op for method, op in operations.items() if (method, path) in routed}
+        path: {method: dict(op) for method, op in operations.items() if (method, path) in routed}
         for path, operations in _PATHS.items()
     }
+    schemas: dict[str, Any] = {}
+    for (method, path), model in app.get(REQUEST_MODELS, {}).items():
+        operation = paths.get(path, {}).get(method)
+        if operation is None:
+            continue
+        schema, components = openapi_schema(model)
+        schemas.update(components)
+        operation["requestBody"] = {
+            "required": True,
+            "content": {"application/json": {"schema": schema}},
+        }
     return {
         "openapi": "3.0.3",
         "info": {"title": "llm-chat-bot", "version": "1"},
         "paths": {path: operations for path, operations in paths.items() if operations},
         "components": {
             "securitySchemes": {"apiKey": {"type": "http", "scheme": "bearer"}},
+            **({"schemas": schemas} if schemas else {}),
         },
     }
 

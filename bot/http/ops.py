@@ -29,9 +29,9 @@ from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from bot.apikeys import authenticate
-from bot.http.errors import json_error
-from bot.http.keys import DB_ANSWERS, DB_PROBE, ENGINE, SERVER, SHORT_READS, TURNS
+from bot.apikeys import Principal
+from bot.http.key_gate import Scope, requires
+from bot.http.keys import DB_ANSWERS, DB_PROBE, ENGINE, SERVER, TURNS
 from bot.metrics import CONTENT_TYPE, BotMetrics
 
 log = structlog.get_logger(__name__)
@@ -160,29 +160,15 @@ async def readyz(request: web.Request) -> web.Response:
     return web.json_response({"status": "ready"})
 
 
-async def _is_admin(request: web.Request) -> web.Response | None:
-    """None if the request carries an admin-scope key, else the refusal."""
-    scheme, _, key = request.headers.get("Authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not key.strip():
-        return json_error(401, "auth", "missing 'Authorization: Bearer <admin key>' header")
-    main = _main(request)
-    principal = await authenticate(main[SHORT_READS], key.strip())
-    if principal is None:
-        return json_error(401, "auth", "unknown, revoked or expired API key")
-    if "admin" not in principal.scopes:
-        return json_error(403, "auth", "this endpoint needs a key with the admin scope")
-    return None
-
-
 async def metrics(request: web.Request) -> web.Response:
     return web.Response(
         body=_main(request)[METRICS].render(), headers={"Content-Type": CONTENT_TYPE}
     )
 
 
-async def metrics_with_key(request: web.Request) -> web.Response:
-    refusal = await _is_admin(request)
-    return refusal if refusal is not None else await metrics(request)
+@requires(Scope.ADMIN)
+async def metrics_with_key(request: web.Request, principal: Principal) -> web.Response:
+    return await metrics(request)
 
 
 def setup(app: web.Application) -> BotMetrics:

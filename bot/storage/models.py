@@ -251,6 +251,10 @@ class Turn(Base):
     """An edit: the turn whose user message this one replaces on a new branch."""
     attempt: Mapped[int] = mapped_column(Integer, default=1, server_default=text("1"))
     """1 for a turn's first answer, 2 for its first regeneration, ..."""
+    sampling: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True))
+    """The sampling parameters its client chose (``bot.turns.sampling.Sampling``); NULL: the
+    service's ``[generation]`` settings. Every run of the turn (in any worker, resumed,
+    continued, regenerated) builds its engine request from it."""
 
 
 FORK_AT_START = -1
@@ -356,15 +360,17 @@ class OpenAIExchange(Base):
 
     OpenAI clients re-send the whole conversation as text on every call. Each
     turn records a hash of the exchanges (user text, assistant reply) that came
-    before its own user message; a later request whose messages are those
-    exchanges plus this turn's user text and reply continues this turn's
-    conversation token-exactly (``bot.channels.openai.threads``). ``stored`` is
-    the Responses API's ``store``: False hides the turn from ``GET
+    before its own user message (``context_hash``) and, while it is its
+    conversation's latest turn, ``head_key``: that hash with its own message and
+    end user. A later request whose messages are those exchanges plus this
+    turn's user text and reply finds it by ``head_key`` and continues this turn's
+    conversation token-exactly (``bot.turns.carried``). ``stored`` is the
+    Responses API's ``store``: False hides the turn from ``GET
     /v1/responses/{id}`` and ``previous_response_id``.
     """
 
     __tablename__ = "openai_exchanges"
-    __table_args__ = (Index("ix_openai_exchanges_owner_context", "owner", "context_hash"),)
+    __table_args__ = (Index("ix_openai_exchanges_owner_head_key", "owner", "head_key"),)
 
     turn_id: Mapped[str] = mapped_column(String(32), primary_key=True)
     """The turn's id; deliberately no foreign key to ``turns``: on PostgreSQL the insert would
@@ -376,6 +382,8 @@ class OpenAIExchange(Base):
     )
     owner: Mapped[str] = mapped_column(String(200))
     context_hash: Mapped[str] = mapped_column(String(64))
+    head_key: Mapped[str | None] = mapped_column(String(64))
+    """Set while the turn is its conversation's latest (``bot.storage.exchanges``)."""
     api: Mapped[str] = mapped_column(String(32))
     """``chat.completions`` or ``responses``."""
     stored: Mapped[bool] = mapped_column(default=True)

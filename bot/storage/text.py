@@ -16,6 +16,7 @@ exact truth the next prompt is built from.
 from __future__ import annotations
 
 import re
+from typing import Any
 
 REPLACEMENT = "\ufffd"
 _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
@@ -28,3 +29,19 @@ def storable(text: str) -> str:
 
 def storable_or_none(text: str | None) -> str | None:
     return None if text is None else storable(text)
+
+
+def is_storable(text: str) -> bool:
+    """True when ``text`` holds neither U+0000 nor a lone surrogate."""
+    return _UNSTORABLE.search(text) is None
+
+
+def storable_json(value: Any) -> Any:
+    """A JSON value with every string in it (keys too) made storable."""
+    if isinstance(value, str):
+        return storable(value)
+    if isinstance(value, dict):
+        return {storable_json(key): storable_json(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [storable_json(item) for item in value]
+    return value

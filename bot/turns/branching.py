@@ -132,6 +132,9 @@ async def fork_turn(
         user_name=target.user_name,
         api_key_id=target.api_key_id,
         status=TurnStatus.QUEUED,
+        # The client's parameters hold for its reply's other attempts too; a regeneration
+        # is sampled (``bot.turns.sampling.resolve``), the runner sees it by its link.
+        sampling=target.sampling,
     )
     if edit is None:
         fork.user_text = target.user_text

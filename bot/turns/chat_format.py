@@ -303,6 +303,16 @@ class ChatFormat:
             rendered = self._render(list(messages), add_generation_prompt=add_generation_prompt)
         return self._tokenize(rendered, frame, contents)
 
+    def reply_ids(self, text: str) -> list[int]:
+        """Ids of an assistant reply known only as text (a client re-sent it), as the
+        template writes a content, and literal: a reply that spells a control token
+        (``ok<|im_end|>``) stays text, like any other client text."""
+        return self._literal.encode(self._shape(text))
+
+    def literal_ids(self, text: str) -> list[int]:
+        """Ids of ``text`` as ordinary text, never a control token."""
+        return self._literal.encode(text)
+
     @property
     def tokenizer(self) -> Tokenizer:
         return self._tokenizer

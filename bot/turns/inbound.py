@@ -1,10 +1,21 @@
-"""A user message as the turn pipeline receives it, whatever channel it came from."""
+"""A user message as the turn pipeline receives it, whatever channel it came from.
+
+Everything a channel hands in is made storable here (``bot.storage.text``): U+0000
+and lone surrogates, which JSON lets any client send and no UTF-8 column (nor
+PostgreSQL's ``text``) can hold, become U+FFFD in every text and id before any of
+it reaches a statement. Channels that take ids from a client refuse such ids at
+the door instead (``bot.http.storable``); this is the rule for every channel.
+"""
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
 from typing import Any
+
+from bot.storage.text import storable, storable_json
+from bot.turns.carried import CarriedHistory
+from bot.turns.sampling import Sampling
 
 
 @dataclass(frozen=True)
@@ -38,3 +49,29 @@ class InboundMessage:
     persona: str | None = None
     """The persona a conversation this message starts is given (a configured name); a
     conversation that already exists with another persona refuses the message."""
+    sampling: Sampling | None = None
+    """Sampling parameters its client chose, stored with the turn (``turns.sampling``)."""
+    carried: CarriedHistory | None = None
+    """The conversation the message comes with, as text (the OpenAI-compatible API): the
+    conversation it continues is found from it (``bot.turns.carried``), and
+    ``conversation_key`` is not used."""
+
+    def __post_init__(self) -> None:
+        for name in _TEXT_FIELDS:
+            value = getattr(self, name)
+            if isinstance(value, str):
+                object.__setattr__(self, name, storable(value))
+        object.__setattr__(self, "reply_to", storable_json(self.reply_to))
+
+
+_TEXT_FIELDS = (
+    "channel",
+    "event_id",
+    "owner",
+    "conversation_key",
+    "text",
+    "user_id",
+    "user_name",
+    "api_key_id",
+    "persona",
+)

@@ -35,9 +35,12 @@ from bot.turns.chat_format import ChatFormat, UserTurn
 from bot.turns.coalescing import claim_pending, coalesced_end, combined_content
 from bot.turns.ending import TurnEnd, TurnEndings, timings_of, usage
 from bot.turns.finished import FinishedTurn, InFinalWrite
+from bot.turns.limits import FairUse, subjects_for
 from bot.turns.personas import PersonaChoice, Personas
 from bot.turns.policy import TurnPolicy
 from bot.turns.replies import ReplySink, TurnAddress, UsageAwareSink
+from bot.turns.sampling import Sampling, ids_before_stop
+from bot.turns.sampling import resolve as resolve_sampling
 from bot.turns.settings import GenerationSettings
 from bot.turns.streams import TurnStreams
 from bot.turns.timing import LayerClock
@@ -74,6 +77,8 @@ class _Progress:
     compaction_write: InFinalWrite | None = None
     """A compaction stored with the turn's end (a prepared base), its entries first in
     ``history_entries``."""
+    summary_tokens: int = 0
+    """Tokens the engine generated for the compaction's summary: fair use counts them."""
     compaction_entries: list[Message] = field(default_factory=list)
     history_entries: list[Message] = field(default_factory=list)
     """User and assistant entries, stored with the final status of a done turn."""
@@ -213,6 +218,7 @@ class TurnRunner:
                 charge=_in_final_write(
                     progress.compaction_write,
                     self.policy.fair_use.charge_turn if self.policy.fair_use else None,
+                    _charge_summary(self.policy.fair_use, progress.summary_tokens),
                 ),
                 known=self._known_paths,
             )
@@ -295,8 +301,13 @@ class TurnRunner:
             content = combined_content(turn, progress.covered)
             user = None if answers_again else self._user_turn(persona, history, content)
             prompt = history.prompt_ids + (user.token_ids if user else [])
-        generation = persona.generation
-        max_tokens = generation.max_tokens
+        # The client's own parameters, stored with the turn, over the persona's settings.
+        sampling = resolve_sampling(
+            Sampling.from_json(turn.sampling),
+            persona.generation,
+            regeneration=turn.regenerates_turn_id is not None,
+        )
+        max_tokens = sampling.max_tokens
         compactor = self.policy.compactor
         if (
             user is not None
@@ -318,6 +329,8 @@ class TurnRunner:
             if compacted is not None:
                 history = compacted.history
                 progress.compaction_id = compacted.compaction_id
+                # Engine work like the turn's own (a long history re-sent by a client too).
+                progress.summary_tokens = compacted.summary_tokens
                 progress.compaction_entries = list(compacted.entries)
                 progress.compaction_write = compacted.write
                 user = self._user_turn(persona, history, content)
@@ -330,8 +343,12 @@ class TurnRunner:
             request_id=turn.id,
             prompt_token_ids=prompt,
             max_tokens=max_tokens,
-            temperature=generation.temperature,
-            top_p=generation.top_p,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            seed=sampling.seed,
+            stop=sampling.stop,
+            presence_penalty=sampling.presence_penalty,
+            frequency_penalty=sampling.frequency_penalty,
             cache_salt=cache_salt,
             session_key=turn.conversation_id,
         )
@@ -387,6 +404,10 @@ class TurnRunner:
                 )
             )
             reply_seq += 1
+        reply_ids = progress.generated
+        if sampling.stop and final.finish_reason == "stop":
+            # The history holds what the client was given (``ids_before_stop``).
+            reply_ids = ids_before_stop(persona.chat_format, progress.generated, progress.text)
         entries.append(
             Message(
                 conversation_id=turn.conversation_id,
@@ -394,7 +415,7 @@ class TurnRunner:
                 parent_seq=entries[-1].seq if entries else history.head_seq,
                 role="assistant",
                 text=progress.text,
-                token_ids=pack_token_ids(progress.generated),
+                token_ids=pack_token_ids(reply_ids),
                 turn_id=turn.id,
             )
         )
@@ -445,6 +466,20 @@ class TurnRunner:
             round(ttft, 3) if ttft is not None else None,
             round((time.time() - received_at) * 1000, 3),
         )
+
+
+def _charge_summary(fair_use: FairUse | None, tokens: int) -> InFinalWrite | None:
+    """A compaction's summary charged to the turn's fair-use subjects, with the turn's end."""
+    if fair_use is None or tokens <= 0:
+        return None
+
+    async def charge(session: AsyncSession, turn: FinishedTurn) -> None:
+        subjects = subjects_for(
+            api_key_id=turn.api_key_id, channel=turn.channel, user_id=turn.user_id
+        )
+        await fair_use.charge(session, subjects, tokens)
+
+    return charge
 
 
 def _in_final_write(*steps: InFinalWrite | None) -> InFinalWrite | None:

@@ -27,15 +27,15 @@ from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_sessionmaker
 
 from bot.errors import ErrorClass
-from bot.storage import queries
+from bot.storage import exchanges, queries
 from bot.storage.db import create_statement_sessionmaker
 from bot.storage.kept import KeptConnection
 from bot.storage.models import InboundEvent, Turn, TurnStatus, new_id, utcnow
-from bot.storage.text import storable, storable_or_none
 from bot.turns import wakeups
 from bot.turns.branching import Edit, ForkRefused, fork_turn, latest_turn
 from bot.turns.branching import activate as activate_branch
 from bot.turns.cancellation import Cancellations
+from bot.turns.carried import CarriedHistories, CarriedPlan, HistoryConflict
 from bot.turns.claims import LocalClaims, TurnClaims
 from bot.turns.ending import TurnEnd, TurnEndings, apply_to_row
 from bot.turns.idempotency import find_delivery, reuse_conflict
@@ -75,6 +75,10 @@ class Accepted:
     id_conflict: str | None = None
     """Set (the reason) on a ``duplicate`` whose id was stored with another message: the
     routes of client-chosen ids refuse it (``bot.turns.idempotency``)."""
+    history_conflict: str | None = None
+    """Set when the turn the message continues (``carried.previous``) has moved on: why."""
+    continuation: str | None = None
+    """How a carried history was placed (``bot.turns.carried.Continuation``)."""
 
 
 @dataclass(frozen=True)
@@ -188,6 +192,9 @@ class TurnService:
         self.kept_accepts: KeptConnection | None = None
         """SQLite: the connection the accepts' transactions run on, one after another
         (``bot.storage.kept``); the app sets it, and closes it before its engines go."""
+        self.carried: CarriedHistories | None = None
+        """Matches and seeds the histories messages carry (``InboundMessage.carried``);
+        the app sets it once the chat format is loaded."""
 
     # -- wiring ------------------------------------------------------------------------
 
@@ -222,8 +229,11 @@ class TurnService:
         started = time.perf_counter()
         row = _turn_row(message)
         turn_id = row["id"]
+        plan = await self._plan_carried(message)
         try:
-            slot = await self._store(message, row)
+            slot = await self._store(message, row, plan=plan)
+        except HistoryConflict as exc:
+            return Accepted("", "", duplicate=False, history_conflict=exc.reason)
         except RateLimited as exc:
             # A redelivery of a message already accepted is acknowledged, never refused.
             return await self._find_duplicate(message) or self._refuse(message, exc.refusal)
@@ -245,10 +255,35 @@ class TurnService:
             # The conversation was found by this owner: the turn is theirs.
             self.streams.open(turn_id, owner=message.owner)
         self.schedule(slot.conversation_id)
-        return Accepted(turn_id, slot.conversation_id, duplicate=False)
+        placed = plan.placed if plan is not None else None
+        return Accepted(
+            turn_id,
+            slot.conversation_id,
+            duplicate=False,
+            continuation=placed.continuation.value if placed is not None else None,
+        )
+
+    async def _plan_carried(self, message: InboundMessage) -> CarriedPlan | None:
+        """The history a message carries, matched (and rendered when new) before its
+        accept's transaction: the transaction only checks the match still holds."""
+        if message.carried is None:
+            return None
+        if self.carried is None:
+            raise RuntimeError("a carried history needs TurnService.carried")
+        return await self.carried.plan(
+            owner=message.owner,
+            scope=message.user_id,
+            text=message.text,
+            carried=message.carried,
+        )
 
     async def _store(
-        self, message: InboundMessage, row: dict[str, Any], *, rehearsal: bool = False
+        self,
+        message: InboundMessage,
+        row: dict[str, Any],
+        *,
+        rehearsal: bool = False,
+        plan: CarriedPlan | None = None,
     ) -> queries.TurnSlot:
         """Store the message's turn ``row`` in its conversation (created for a key's first
         message), counted against fair use: the accept's writes, all or nothing.
@@ -261,14 +296,18 @@ class TurnService:
         announce_channel = None if self.runs_turns else wakeups.CHANNEL
         begun: asyncio.Future[BegunTurn | None] | None = None
         try:
-            slot = await self._place_at_once(message, row, announce_channel, rehearsal=rehearsal)
-            if slot is not None:
-                return slot
+            if plan is None:
+                slot = await self._place_at_once(
+                    message, row, announce_channel, rehearsal=rehearsal
+                )
+                if slot is not None:
+                    return slot
             async with self._accept_transaction() as (session, connection):
-                # SQLite has no one-statement placement (``queries.place_turn``).
+                # SQLite has no one-statement placement (``queries.place_turn``), nor has
+                # a carried history (its conversation is found, not named).
                 placed = (
                     await _place_turn(session, message, row, announce_channel)
-                    if session is not None and self._places_at_once
+                    if session is not None and self._places_at_once and plan is None
                     else None
                 )
                 if placed is not None:
@@ -280,13 +319,24 @@ class TurnService:
                         raise Rehearsed
                     return slot
                 # SQLite, or a conversation another accept was creating: slot, then turn
-                slot = await queries.take_turn_slot(
-                    connection,
-                    owner=message.owner,
-                    channel=message.channel,
-                    external_key=message.conversation_key,
-                    persona=message.persona,
-                )
+                if plan is None:
+                    slot = await queries.take_turn_slot(
+                        connection,
+                        owner=message.owner,
+                        channel=message.channel,
+                        external_key=message.conversation_key,
+                        persona=message.persona,
+                    )
+                else:
+                    assert self.carried is not None and message.carried is not None
+                    plan.placed = await self.carried.take_slot(
+                        connection,
+                        owner=message.owner,
+                        channel=message.channel,
+                        carried=message.carried,
+                        plan=plan,
+                    )
+                    slot = plan.placed.slot
                 _refuse_other_persona(slot, message)
                 await self._admit(connection, message)
                 row["conversation_id"] = slot.conversation_id
@@ -298,6 +348,9 @@ class TurnService:
                 await queries.insert_turn(
                     connection, row, channel=message.channel, event_id=message.event_id
                 )
+                if plan is not None and plan.placed is not None:
+                    assert message.carried is not None
+                    await record_exchange(connection, message, row["id"], slot, plan)
                 if announce_channel is not None:
                     await wakeups.announce(connection, slot.conversation_id)
                 if rehearsal:
@@ -907,16 +960,38 @@ def _turn_row(message: InboundMessage) -> dict[str, Any]:
         "id": new_id(),
         "channel": message.channel,
         "reply_to": dict(message.reply_to),
-        "user_id": storable_or_none(message.user_id),
-        "user_name": storable_or_none(message.user_name),
-        # Storable before it is ever tokenized: the stored text and ids agree.
-        "user_text": storable(message.text),
+        # Storable before it is ever tokenized (``InboundMessage``): the text and ids agree.
+        "user_id": message.user_id,
+        "user_name": message.user_name,
+        "user_text": message.text,
         "api_key_id": message.api_key_id,
         "status": TurnStatus.QUEUED,
         "started_at": None,
         "layer_ms": dict(message.layer_ms),
         "created_at": dt.datetime.fromtimestamp(message.received_at, dt.UTC),
+        "sampling": message.sampling.as_json() if message.sampling is not None else None,
     }
+
+
+async def record_exchange(
+    connection: AsyncConnection,
+    message: InboundMessage,
+    turn_id: str,
+    slot: queries.TurnSlot,
+    plan: CarriedPlan,
+) -> None:
+    """The row that finds a carried history's turn again, in its accept's transaction."""
+    assert message.carried is not None and plan.placed is not None
+    await exchanges.record(
+        connection,
+        turn_id=turn_id,
+        conversation_id=slot.conversation_id,
+        owner=message.owner,
+        context_hash=plan.context,
+        head_key=plan.head_key,
+        exchange=message.carried.record,
+        continued_turn_id=plan.placed.continued_turn_id,
+    )
 
 
 def _refuse_other_persona(slot: queries.TurnSlot, message: InboundMessage) -> None:

@@ -18,6 +18,8 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 # repeats a name it was told ("Zoltan" came back as "Zlatin").
 DEFAULT_TEMPERATURE = 0.0
 DEFAULT_TOP_P = 1.0
+# A regeneration asks for another reply; greedy decoding would give the same one again.
+DEFAULT_REGENERATE_TEMPERATURE = 0.7
 DEFAULT_HIGH_WATERMARK = 0.9
 DEFAULT_LOW_WATERMARK = 0.5
 DEFAULT_SUMMARY_MAX_TOKENS = 128
@@ -59,6 +61,10 @@ class GenerationSettings(_Section):
     temperature: float = Field(DEFAULT_TEMPERATURE, ge=0)
     """0 is greedy: deterministic, and what small models answer best with."""
     top_p: float = Field(DEFAULT_TOP_P, gt=0, le=1)
+    regenerate_temperature: float | None = Field(DEFAULT_REGENERATE_TEMPERATURE, ge=0)
+    """The temperature of a regenerated reply where the turn's would be 0 (greedy gives the
+    same reply again); 0 or unset: regenerations are greedy too. First answers keep
+    ``temperature``."""
 
 
 class CompactionSettings(_Section):

@@ -7,7 +7,7 @@ could read and regenerate that bot's turns. A key now acts for the tenant
 (``api``, ``openai``) stored, and the OpenAI exchanges, move there with them.
 ``api_keys.owner`` keeps the owner as the operator typed it.
 
-Revision ID: 0012_key_owners
+Revision ID: 0012
 Revises: 0011
 Create Date: 2027-01-10
 """
@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 from alembic import op
 
-revision: str = "0012_key_owners"
+revision: str = "0012"
 down_revision: str | None = "0011"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None

@@ -136,13 +136,16 @@ async def test_responses_belong_to_their_owner(sqlite_url: str, make_client: Mak
         )
 
 
-async def test_continuing_an_earlier_response_is_refused(
-    sqlite_url: str, make_client: MakeClient
+async def test_continuing_an_earlier_response_is_a_conflict(
+    db_url: str, make_client: MakeClient
 ) -> None:
-    client = await make_client(sqlite_url)
-    api = sdk(client, await issue_key(sqlite_url))
+    client = await make_client(db_url)
+    api = sdk(client, await issue_key(db_url))
     first = await api.responses.create(model=DEMO_MODEL, input="One.")
     await api.responses.create(model=DEMO_MODEL, input="Two.", previous_response_id=first.id)
-    with pytest.raises(openai.BadRequestError) as caught:
+    with pytest.raises(openai.ConflictError) as caught:
         await api.responses.create(model=DEMO_MODEL, input="Two'.", previous_response_id=first.id)
+    assert caught.value.status_code == 409
     assert "latest" in caught.value.message
+    assert isinstance(caught.value.body, dict) and caught.value.body["code"] == "conflict"
+    assert len(await load_turns(db_url)) == 2

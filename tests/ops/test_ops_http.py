@@ -292,7 +292,7 @@ async def test_metrics_need_an_admin_scope_key_on_the_main_port(
     chat_key = await issue_key(sqlite_url)
     response = await client.get("/metrics", headers=auth(chat_key))
     assert response.status == 403
-    assert (await response.json())["error"] == "auth"
+    assert (await response.json())["error"] == "forbidden"
     response = await client.get("/metrics", headers=auth(await admin_key(sqlite_url)))
     assert response.status == 200
     assert response.headers["Content-Type"].startswith("text/plain")

@@ -11,14 +11,13 @@ the active one.
 
 from __future__ import annotations
 
-from typing import Any
-
 from aiohttp import web
 
-from bot.channels.api.auth import authenticate_chat
+from bot.apikeys import Principal
 from bot.channels.api.streaming import reserve_stream, stream_turn, wants_event_stream
 from bot.channels.ingress import PostedText, rate_limited, read_posted
 from bot.http.errors import json_error
+from bot.http.key_gate import Scope, requires
 from bot.http.keys import SERVER, TURNS
 from bot.turns.branching import Edit, ForkRefused
 from bot.turns.service import Accepted
@@ -45,7 +44,9 @@ async def _forked(request: web.Request, edit: Edit | None, owner: str) -> Accept
     return accepted
 
 
-async def _answer(request: web.Request, edit: Edit | None, principal: Any) -> web.StreamResponse:
+async def _answer(
+    request: web.Request, edit: Edit | None, principal: Principal
+) -> web.StreamResponse:
     slot = reserve_stream(request, principal) if wants_event_stream(request) else None
     if isinstance(slot, web.Response):
         return slot
@@ -71,27 +72,21 @@ async def _answer(request: web.Request, edit: Edit | None, principal: Any) -> we
     )
 
 
-async def regenerate(request: web.Request) -> web.StreamResponse:
-    principal = await authenticate_chat(request)
-    if isinstance(principal, web.Response):
-        return principal
+@requires(Scope.CHAT)
+async def regenerate(request: web.Request, principal: Principal) -> web.StreamResponse:
     return await _answer(request, None, principal)
 
 
-async def edit(request: web.Request) -> web.StreamResponse:
-    principal = await authenticate_chat(request)
-    if isinstance(principal, web.Response):
-        return principal
+@requires(Scope.CHAT)
+async def edit(request: web.Request, principal: Principal) -> web.StreamResponse:
     body = await read_posted(request, PostedText, request.app[SERVER])
     if isinstance(body, web.Response):
         return body
     return await _answer(request, Edit(body.text), principal)
 
 
-async def activate(request: web.Request) -> web.Response:
-    principal = await authenticate_chat(request)
-    if isinstance(principal, web.Response):
-        return principal
+@requires(Scope.CHAT)
+async def activate(request: web.Request, principal: Principal) -> web.Response:
     turn_id = request.match_info["turn_id"]
     try:
         head = await request.app[TURNS].activate(turn_id, owner=principal.owner)

@@ -19,9 +19,10 @@ from typing import Any
 
 from aiohttp import web
 
-from bot.channels.api.auth import authenticate_chat
+from bot.apikeys import Principal
 from bot.channels.registry import API
 from bot.http.errors import json_error
+from bot.http.key_gate import Scope, requires
 from bot.http.keys import READ_SESSIONS
 from bot.storage.conversation_list import ListedConversation, PagePosition, list_open_conversations
 
@@ -89,10 +90,8 @@ def _document(conversation: ListedConversation) -> dict[str, Any]:
     }
 
 
-async def list_conversations(request: web.Request) -> web.Response:
-    principal = await authenticate_chat(request)
-    if isinstance(principal, web.Response):
-        return principal
+@requires(Scope.CHAT)
+async def list_conversations(request: web.Request, principal: Principal) -> web.Response:
     limit = _limit(request)
     if limit is None:
         return json_error(400, "bad_request", f"limit must be a whole number from 1 to {MAX_LIMIT}")

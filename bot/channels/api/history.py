@@ -18,9 +18,10 @@ from typing import Any
 
 from aiohttp import web
 
-from bot.channels.api.auth import authenticate_chat
+from bot.apikeys import Principal
 from bot.channels.registry import API
 from bot.errors import USER_MESSAGES, ErrorClass
+from bot.http.key_gate import Scope, requires
 from bot.http.keys import READ_SESSIONS
 from bot.storage.models import Turn
 from bot.storage.queries import find_open_conversation, recent_turns
@@ -67,10 +68,8 @@ def turn_document(turn: Turn, conversation_key: str, *, attempts: int = 1) -> di
     }
 
 
-async def conversation_turns(request: web.Request) -> web.Response:
-    principal = await authenticate_chat(request)
-    if isinstance(principal, web.Response):
-        return principal
+@requires(Scope.CHAT)
+async def conversation_turns(request: web.Request, principal: Principal) -> web.Response:
     key = request.match_info["conversation_id"]
     async with request.app[READ_SESSIONS]() as session:
         found = await find_open_conversation(

@@ -16,7 +16,6 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from bot.apikeys import Principal
 from bot.channels.api import branches, conversations, history, usage
-from bot.channels.api.auth import authenticate_chat
 from bot.channels.api.history import turn_document
 from bot.channels.api.streaming import reserve_stream, stream_turn, wants_event_stream
 from bot.channels.base import InboundMessage, SilentChannel
@@ -25,6 +24,7 @@ from bot.channels.ingress import IngressClock, PostedMessage, rate_limited, read
 from bot.channels.kind import Wiring
 from bot.channels.registry import API
 from bot.http.errors import json_error
+from bot.http.key_gate import Scope, requires
 from bot.http.keys import READ_SESSIONS, SERVER, STREAM_READERS, TURN_FOLLOWERS, TURNS
 from bot.http.ops import METRICS
 from bot.http.readers import EventStreamReaders
@@ -41,12 +41,9 @@ class ApiMessage(PostedMessage):
     """Starts a new conversation with this persona (GET /v1/personas lists them)."""
 
 
-async def post_message(request: web.Request) -> web.StreamResponse:
+@requires(Scope.CHAT)
+async def post_message(request: web.Request, principal: Principal) -> web.StreamResponse:
     clock = IngressClock(request)
-    with clock.measure("auth"):
-        principal = await authenticate_chat(request)
-    if isinstance(principal, web.Response):
-        return principal
     message = await read_posted(request, ApiMessage, request.app[SERVER])
     if isinstance(message, web.Response):
         return message
@@ -117,11 +114,9 @@ async def post_message(request: web.Request) -> web.StreamResponse:
     )
 
 
-async def list_personas(request: web.Request) -> web.Response:
+@requires(Scope.CHAT)
+async def list_personas(request: web.Request, principal: Principal) -> web.Response:
     """The personas a new conversation can start with; null is the default system prompt."""
-    principal = await authenticate_chat(request)
-    if isinstance(principal, web.Response):
-        return principal
     personas = request.app[TURNS].personas
     return web.json_response(
         {
@@ -137,26 +132,26 @@ Found = TypeVar("Found")
 
 
 async def _owned(
-    request: web.Request, read: Callable[[AsyncSession, str, str], Awaitable[Found | None]]
-) -> tuple[Found, Principal] | web.Response:
-    """What ``read`` finds of the turn in the path for the caller: 401, or 404 when it
-    is not theirs (or not there)."""
-    principal = await authenticate_chat(request)
-    if isinstance(principal, web.Response):
-        return principal
+    request: web.Request,
+    principal: Principal,
+    read: Callable[[AsyncSession, str, str], Awaitable[Found | None]],
+) -> Found | web.Response:
+    """What ``read`` finds of the turn in the path for the caller: 404 when it is not
+    theirs (or not there)."""
     turn_id = request.match_info["turn_id"]
     async with request.app[READ_SESSIONS]() as session:
         found = await read(session, turn_id, principal.owner)
     if found is None:
         return json_error(404, "not_found", f"no turn {turn_id}")
-    return found, principal
+    return found
 
 
-async def get_turn(request: web.Request) -> web.Response:
-    found = await _owned(request, get_turn_for_owner)
+@requires(Scope.CHAT)
+async def get_turn(request: web.Request, principal: Principal) -> web.Response:
+    found = await _owned(request, principal, get_turn_for_owner)
     if isinstance(found, web.Response):
         return found
-    (turn, key), _ = found
+    turn, key = found
     async with request.app[READ_SESSIONS]() as session:
         attempts = await attempts_of(session, turn)
     return web.json_response(turn_document(turn, key, attempts=attempts))
@@ -178,12 +173,12 @@ def _owned_id(
     return read
 
 
-async def cancel_turn(request: web.Request) -> web.Response:
+@requires(Scope.CHAT)
+async def cancel_turn(request: web.Request, principal: Principal) -> web.Response:
     # The id is all a cancel or a stream needs: the row is not loaded.
-    found = await _owned(request, _owned_id(request))
-    if isinstance(found, web.Response):
-        return found
-    turn_id, _ = found
+    turn_id = await _owned(request, principal, _owned_id(request))
+    if isinstance(turn_id, web.Response):
+        return turn_id
     cancelled = await request.app[TURNS].cancel_turn(turn_id)
     return web.json_response({"turn_id": turn_id, "cancelled": cancelled})
 
@@ -193,11 +188,11 @@ def _resume_offset(request: web.Request) -> int:
     return int(raw) if raw.isdigit() else 0
 
 
-async def turn_events(request: web.Request) -> web.StreamResponse:
-    found = await _owned(request, _owned_id(request))
-    if isinstance(found, web.Response):
-        return found
-    turn_id, principal = found
+@requires(Scope.CHAT)
+async def turn_events(request: web.Request, principal: Principal) -> web.StreamResponse:
+    turn_id = await _owned(request, principal, _owned_id(request))
+    if isinstance(turn_id, web.Response):
+        return turn_id
     slot = reserve_stream(request, principal)
     if isinstance(slot, web.Response):
         return slot

@@ -13,9 +13,10 @@ import datetime as dt
 
 from aiohttp import web
 
-from bot.channels.api.auth import authenticate_chat
+from bot.apikeys import Principal
 from bot.channels.registry import API, OPENAI
 from bot.http.errors import json_error
+from bot.http.key_gate import Scope, requires
 from bot.http.keys import USAGE
 from bot.turns.limits import key_subject
 from bot.turns.usage import UsageQuery
@@ -34,10 +35,8 @@ def _days(request: web.Request) -> int | None:
     return int(text)
 
 
-async def get_usage(request: web.Request) -> web.Response:
-    principal = await authenticate_chat(request)
-    if isinstance(principal, web.Response):
-        return principal
+@requires(Scope.CHAT)
+async def get_usage(request: web.Request, principal: Principal) -> web.Response:
     days = _days(request)
     if days is None:
         return json_error(400, "bad_request", f"days must be a whole number from 1 to {MAX_DAYS}")

@@ -3,8 +3,9 @@
 ``type`` is OpenAI's (clients branch on the HTTP status and on it); ``code``
 is this service's error class (``bot.errors``), the same word the turn's
 row, log line and metrics carry. OpenAI SDKs raise their own exception type
-per status: 400 ``BadRequestError``, 401 ``AuthenticationError``, 404
-``NotFoundError``, 429 ``RateLimitError``, 5xx ``InternalServerError``.
+per status: 400 ``BadRequestError``, 401 ``AuthenticationError``, 403
+``PermissionDeniedError``, 404 ``NotFoundError``, 409 ``ConflictError``, 429
+``RateLimitError``, 5xx ``InternalServerError``.
 """
 
 from __future__ import annotations
@@ -15,11 +16,13 @@ from typing import Any
 from aiohttp import web
 
 from bot.errors import ErrorClass
+from bot.http.key_gate import Refusal, Scope, requires
 
 
 class ErrorType(enum.StrEnum):
     INVALID_REQUEST = "invalid_request_error"
     AUTHENTICATION = "authentication_error"
+    PERMISSION = "permission_error"
     NOT_FOUND = "not_found_error"
     RATE_LIMIT = "rate_limit_error"
     SERVER = "server_error"
@@ -43,7 +46,10 @@ DEFAULT_FAILURE_STATUS = 500
 _TYPE_OF_STATUS = {
     400: ErrorType.INVALID_REQUEST,
     401: ErrorType.AUTHENTICATION,
+    403: ErrorType.PERMISSION,
     404: ErrorType.NOT_FOUND,
+    408: ErrorType.INVALID_REQUEST,
+    409: ErrorType.INVALID_REQUEST,
     413: ErrorType.INVALID_REQUEST,
     429: ErrorType.RATE_LIMIT,
 }
@@ -80,6 +86,15 @@ class RequestRefused(Exception):
     def __init__(self, response: web.Response) -> None:
         super().__init__(response.text)
         self.response = response
+
+
+def openai_refusal(refusal: Refusal) -> web.Response:
+    """The key gate's refusal (``bot.http.key_gate``) as an OpenAI error object."""
+    return openai_error(refusal.status, refusal.reason, refusal.code.value)
+
+
+chat_key = requires(Scope.CHAT, refuse=openai_refusal)
+"""The gate of every OpenAI-compatible route: a key with the ``chat`` scope."""
 
 
 def bad_request(message: str, param: str | None = None) -> RequestRefused:

@@ -1,15 +1,17 @@
-"""What every OpenAI-compatible endpoint does before the turn: key, body, model, admission.
+"""What every OpenAI-compatible endpoint does before the turn: body, model, stream slot, accept.
 
-The same checks, in the same order, as the HTTP API's: the API key (``Authorization:
-Bearer``), the body within ``server.max_body_bytes``, the text within
-``server.max_text_chars``, the fair-use limits when the turn is accepted. Only
-the shape of a refusal differs: an OpenAI error object.
+The same checks, in the same order, as the HTTP API's: the key (the gate, before
+the handler), the body within ``server.max_body_bytes``, the text within
+``server.max_text_chars``, a stream slot within ``server.max_streams_per_key``,
+the fair-use limits when the turn is accepted. Only the shape of a refusal
+differs: an OpenAI error object. The turn service gets one inbound message with
+the history it carries; matching that history to a stored conversation and
+recording the exchange are its (``bot.turns.carried``).
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,28 +19,23 @@ from typing import Any
 import structlog
 from aiohttp import web
 
-from bot.apikeys import Principal, authenticate
+from bot.apikeys import Principal
 from bot.channels.base import InboundMessage
 from bot.channels.ingress import IngressClock
 from bot.channels.openai.errors import RequestRefused, bad_request, openai_error
-from bot.channels.openai.messages import Exchange
 from bot.channels.openai.requests import Request, parse
-from bot.channels.openai.threads import Continuation, Thread, forget, resolve
 from bot.channels.registry import OPENAI
 from bot.engine.settings import EngineSettings
 from bot.errors import ErrorClass
 from bot.http.body import BodyError, parse_json_object, read_body
-from bot.http.keys import (
-    CHAT_FORMAT,
-    ENGINE_SETTINGS,
-    SERVER,
-    SESSIONS,
-    SHORT_READS,
-    TURNS,
-)
-from bot.storage.models import OpenAIExchange
+from bot.http.keys import ENGINE_SETTINGS, SERVER, STREAM_READERS, TURNS
+from bot.http.readers import StreamSlot
+from bot.turns.carried import CarriedHistory
+from bot.turns.sampling import Sampling
 
 log = structlog.get_logger(__name__)
+
+CONFLICT_CODE = "conflict"
 
 
 def served_model(engine: EngineSettings) -> str:
@@ -62,40 +59,20 @@ def check_model(engine: EngineSettings, model: Any) -> None:
         )
 
 
-def _bearer_key(request: web.Request) -> str | None:
-    scheme, _, key = request.headers.get("Authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not key.strip():
-        return None
-    return key.strip()
-
-
-async def authenticate_request(request: web.Request) -> Principal:
-    key = _bearer_key(request)
-    if key is None:
-        raise RequestRefused(
-            openai_error(401, "Missing 'Authorization: Bearer <api key>' header.", "auth")
-        )
-    principal = await authenticate(request.app[SHORT_READS], key)
-    if principal is None:
-        raise RequestRefused(openai_error(401, "Unknown, revoked or expired API key.", "auth"))
-    return principal
-
-
 @dataclass(frozen=True)
 class Admitted:
     """An authenticated request with its JSON body, and the time those took."""
 
     principal: Principal
     clock: IngressClock
-    """Finding the conversation counts as ingress: it is part of taking the request in."""
 
 
-async def admit(request: web.Request, request_type: type[Request]) -> tuple[Admitted, Request]:
-    """Authenticate, read the body as ``request_type`` and check the model it names;
-    raises ``RequestRefused`` with the OpenAI answer."""
+async def admit(
+    request: web.Request, principal: Principal, request_type: type[Request]
+) -> tuple[Admitted, Request]:
+    """Read the body as ``request_type`` and check the model it names; raises
+    ``RequestRefused`` with the OpenAI answer."""
     clock = IngressClock(request)
-    with clock.measure("auth"):
-        principal = await authenticate_request(request)
     try:
         document = parse_json_object(await read_body(request, request.app[SERVER].max_body_bytes))
     except BodyError as exc:
@@ -108,69 +85,65 @@ async def admit(request: web.Request, request_type: type[Request]) -> tuple[Admi
     return Admitted(principal, clock), body
 
 
-async def find_thread(
-    request: web.Request, admitted: Admitted, exchanges: Sequence[Exchange]
-) -> Thread:
-    """The conversation the request continues (or a new one seeded with its history)."""
-    async with request.app[SESSIONS]() as session, session.begin():
-        thread = await resolve(
-            session,
-            owner=admitted.principal.owner,
-            channel=OPENAI.name,
-            exchanges=exchanges,
-            chat_format=request.app[CHAT_FORMAT].get(),
-        )
-    return thread
-
-
 def check_text(request: web.Request, text: str) -> None:
     limit = request.app[SERVER].max_text_chars
     if len(text) > limit:
         raise bad_request(f"The new message has {len(text)} characters; the limit is {limit}.")
 
 
+def reserve_stream(request: web.Request, principal: Principal) -> StreamSlot:
+    """A slot among the key's open streams (``server.max_streams_per_key``), or a 429."""
+    readers = request.app[STREAM_READERS]
+    slot = readers.reserve(principal.key_id, request)
+    if slot is None:
+        raise RequestRefused(
+            openai_error(
+                429,
+                f"This API key has {readers.open_for(principal.key_id)} streams open; the "
+                f"limit is {readers.max_per_key} (server.max_streams_per_key).",
+                ErrorClass.RATE_LIMITED.value,
+                param="stream",
+            )
+        )
+    return slot
+
+
 @dataclass(frozen=True)
 class StartedTurn:
     turn_id: str
     conversation_id: str
-    continuation: Continuation
+    continuation: str | None
 
 
 async def start_turn(
     request: web.Request,
     admitted: Admitted,
     *,
-    thread: Thread,
     text: str,
-    api: str,
-    stored: bool = True,
-    previous_response_id: str | None = None,
-    user_id: str | None = None,
+    carried: CarriedHistory,
+    sampling: Sampling,
+    user_id: str | None,
 ) -> StartedTurn:
-    """Hand the new user turn to the turn service and remember how to find it again."""
+    """Hand the new user turn, with the history it came with, to the turn service."""
     principal = admitted.principal
-    turns = request.app[TURNS]
-    accepted = await turns.accept(
+    accepted = await request.app[TURNS].accept(
         InboundMessage(
             channel=OPENAI.name,
             # Every call is a new message: OpenAI requests carry no message id to dedupe on.
             event_id=uuid.uuid4().hex,
             owner=principal.owner,
-            conversation_key=thread.conversation_key,
+            conversation_key="",  # found from the carried history
             text=text,
             user_id=user_id,
             layer_ms=admitted.clock.first_layers(),
             received_at=admitted.clock.received_at,
             api_key_id=principal.key_id,
+            sampling=sampling,
+            carried=carried,
         )
     )
-    sessions = request.app[SESSIONS]
     if accepted.rate_limited is not None:
         refusal = accepted.rate_limited
-        if thread.continuation == Continuation.REBUILT:
-            # The history written for this request has no turn to answer: drop it.
-            async with sessions() as session, session.begin():
-                await forget(session, principal.owner, OPENAI.name, thread.conversation_key)
         raise RequestRefused(
             openai_error(
                 429,
@@ -179,23 +152,17 @@ async def start_turn(
                 headers={"Retry-After": str(refusal.retry_after_s)},
             )
         )
-    async with sessions() as session, session.begin():
-        session.add(
-            OpenAIExchange(
-                turn_id=accepted.turn_id,
-                conversation_id=accepted.conversation_id,
-                owner=principal.owner,
-                context_hash=thread.context_hash,
-                api=api,
-                stored=stored,
-                previous_response_id=previous_response_id,
+    if accepted.history_conflict is not None:
+        raise RequestRefused(
+            openai_error(
+                409, accepted.history_conflict, CONFLICT_CODE, param="previous_response_id"
             )
         )
     log.info(
         "openai_turn",
-        api=api,
-        continuation=thread.continuation.value,
+        api=carried.record.api,
+        continuation=accepted.continuation,
         turn_id=accepted.turn_id,
         conversation_id=accepted.conversation_id,
     )
-    return StartedTurn(accepted.turn_id, accepted.conversation_id, thread.continuation)
+    return StartedTurn(accepted.turn_id, accepted.conversation_id, accepted.continuation)

@@ -6,15 +6,18 @@ import time
 
 from aiohttp import web
 
+from bot.apikeys import Principal
 from bot.channels.base import SilentChannel
 from bot.channels.kind import Wiring
 from bot.channels.openai.chat_completions import create_chat_completion
-from bot.channels.openai.errors import RequestRefused, openai_error
-from bot.channels.openai.ingress import authenticate_request, served_model
+from bot.channels.openai.errors import chat_key, openai_error
+from bot.channels.openai.ingress import served_model
+from bot.channels.openai.requests import ChatCompletionRequest, ResponsesRequest
 from bot.channels.openai.responses import create_response, get_response
 from bot.channels.registry import OPENAI
 from bot.errors import ErrorClass
 from bot.http.keys import ENGINE_SETTINGS
+from bot.http.openapi import describe_body
 
 MODEL_OWNER = "llm-chat-bot"
 
@@ -23,26 +26,15 @@ def _model_document(model: str) -> dict[str, object]:
     return {"id": model, "object": "model", "created": int(time.time()), "owned_by": MODEL_OWNER}
 
 
-async def _served_model(request: web.Request) -> str | web.Response:
-    """The model this service serves, for an authenticated client; else the refusal."""
-    try:
-        await authenticate_request(request)
-    except RequestRefused as exc:
-        return exc.response
-    return served_model(request.app[ENGINE_SETTINGS])
-
-
-async def list_models(request: web.Request) -> web.Response:
-    model = await _served_model(request)
-    if isinstance(model, web.Response):
-        return model
+@chat_key
+async def list_models(request: web.Request, principal: Principal) -> web.Response:
+    model = served_model(request.app[ENGINE_SETTINGS])
     return web.json_response({"object": "list", "data": [_model_document(model)]})
 
 
-async def retrieve_model(request: web.Request) -> web.Response:
-    model = await _served_model(request)
-    if isinstance(model, web.Response):
-        return model
+@chat_key
+async def retrieve_model(request: web.Request, principal: Principal) -> web.Response:
+    model = served_model(request.app[ENGINE_SETTINGS])
     if request.match_info["model"] != model:
         return openai_error(
             404,
@@ -56,6 +48,8 @@ def setup(app: web.Application, tables: list[None], wiring: Wiring) -> None:
     wiring.turns.register_channel(SilentChannel(OPENAI.name))
     app.router.add_post("/v1/chat/completions", create_chat_completion)
     app.router.add_post("/v1/responses", create_response)
+    describe_body(app, "post", "/v1/chat/completions", ChatCompletionRequest)
+    describe_body(app, "post", "/v1/responses", ResponsesRequest)
     app.router.add_get("/v1/responses/{response_id}", get_response)
     app.router.add_get("/v1/models", list_models)
     app.router.add_get("/v1/models/{model:.+}", retrieve_model)
