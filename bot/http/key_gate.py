@@ -83,10 +83,12 @@ KEYLESS_ROUTES: dict[tuple[str, str], str] = {
     ("GET", "/healthz"): "liveness, for process supervisors",
     ("GET", "/readyz"): "readiness, for load balancers",
     ("GET", "/openapi.json"): "the API's own description",
+    ("GET", "/favicon.ico"): "the browser's tab icon",
     ("POST", "/telegram/{bot_name}"): "Telegram's secret token header (telegram/routes.py)",
     ("POST", "/slack/events"): "Slack's request signature (slack/routes.py)",
     ("POST", "/slack/commands"): "Slack's request signature (slack/routes.py)",
     ("POST", "/webhooks/{name}"): "the integration's HMAC signature (webhook/routes.py)",
+    ("POST", "/discord/{name}"): "Discord's Ed25519 signature (discord/routes.py)",
 }
 """(method, path) of the routes that take no API key, and why: every other route is gated."""
 

@@ -17,9 +17,10 @@ from aiohttp import ClientResponse
 
 from bot.http.key_gate import KEYLESS_ROUTES, Scope, gate_of
 from bot.http.openapi import routed_paths
+from bot.testing.slack_api import FakeSlackApi
+from bot.testing.telegram_api import FakeTelegram
 from tests.conftest import MakeClient, issue_key
-from tests.fakes.slack_api import FakeSlackApi
-from tests.fakes.telegram_api import FakeTelegram
+from tests.discord.conftest import discord_section
 from tests.helpers import admin_key, assert_nothing_stored, auth
 from tests.slack.conftest import slack_section
 from tests.telegram.conftest import bot_table
@@ -52,6 +53,7 @@ async def test_every_gated_route_refuses_before_its_handler_and_the_rest_are_lis
         telegram=[bot_table(fake_telegram)],
         slack=slack_section(slack_api.base_url),
         webhooks=webhook_settings(receiver),
+        discord=discord_section("http://127.0.0.1:9/api/v10"),
     )
     keys = {Scope.CHAT: await issue_key(db_url), Scope.ADMIN: await admin_key(db_url)}
     other = {Scope.CHAT: keys[Scope.ADMIN], Scope.ADMIN: keys[Scope.CHAT]}

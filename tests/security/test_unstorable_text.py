@@ -13,9 +13,9 @@ import json
 from typing import Any
 
 from bot.http.keys import TURNS
+from bot.testing.slack_api import FakeSlackApi
+from bot.testing.telegram_api import FakeTelegram
 from tests.conftest import MakeClient, issue_key
-from tests.fakes.slack_api import FakeSlackApi
-from tests.fakes.telegram_api import FakeTelegram
 from tests.helpers import assert_nothing_stored, auth, load_turns
 from tests.openai.helpers import DEMO_MODEL
 from tests.slack.conftest import mention, post_event, slack_section
