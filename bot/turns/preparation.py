@@ -37,10 +37,10 @@ used only if that entry is still on the path the turn continues (an edit or a
 regeneration of it, or activating another branch, leaves it on a path no longer
 prompted), with the same latest base, the history still starting with exactly
 the ids the row was prepared from (their SHA-256), followed by the path's
-entries since. Anything else (a half-prepared row left by a crash, ``ready``
-false, included) is prepared again after the turn. A crash between claim and
-fill leaves a row that is never ready; another preparation takes it over once
-its lease (``PREPARE_LEASE_S``) has passed.
+entries since. A stale row is prepared again after the turn. A crash between
+claim and fill leaves a row that is never ready: another preparation takes it
+over once its lease (``PREPARE_LEASE_S``) has passed; until then a turn whose
+prompt no longer fits compacts itself.
 """
 
 from __future__ import annotations
