@@ -18,8 +18,9 @@ from bot.engine.base import BACKGROUND_PRIORITY, GenerationChunk, GenerationRequ
 from bot.engine.vllm_local import LocalVLLMEngine
 from bot.http.keys import TURNS
 from bot.storage.db import create_engine, create_sessionmaker
-from bot.storage.models import Conversation
-from bot.storage.queries import load_history
+from bot.storage.models import BASE_ROLE, Conversation, Message, PreparedBase
+from bot.storage.queries import load_history, path_entries
+from bot.storage.tokens import unpack_token_ids
 from bot.turns.chat_format import ChatFormat
 from tests.conftest import TEST_MAX_MODEL_LEN, MakeClient, issue_key
 from tests.engine_spy import RecordingEngine
@@ -189,3 +190,61 @@ async def test_a_turn_whose_prompt_no_longer_fits_waits_for_the_base(
 
 def _preparation(client: Any) -> Any:
     return client.app[TURNS]._runner.policy.compactor._preparation
+
+
+async def _settled(client: Any) -> None:
+    """Wait for this app's background preparations and warm-ups (they start as a turn ends)."""
+    preparation = _preparation(client)
+    for _ in range(200):
+        await asyncio.sleep(0.02)
+        pending = [*preparation._tasks.values(), *preparation._warms]
+        if not pending:
+            return
+        await asyncio.gather(*pending, return_exceptions=True)
+    raise AssertionError("background preparations did not settle")
+
+
+async def _rolled_forward_from_the_row(db_url: str, chat_format: ChatFormat) -> list[int]:
+    """The prepared row's ids, then the active path's entries since the one it was prepared
+    up to: the first user entry re-rendered after a closed reply, the others id for id, and
+    the last reply's closing."""
+    engine = create_engine(db_url)
+    try:
+        async with create_sessionmaker(engine)() as session:
+            row = (await session.scalars(select(PreparedBase))).one()
+            conversation = await session.get(Conversation, row.conversation_id)
+            assert row.ready and row.token_ids is not None and conversation is not None
+            assert conversation.head_seq is not None and row.head_seq is not None
+            path = await path_entries(session, conversation.id, conversation.head_seq)
+    finally:
+        await engine.dispose()
+    since = [entry for entry in path if entry.seq > row.head_seq]
+    assert len(since) >= 4, "the test needs exchanges after the prepared ones"
+    ids = unpack_token_ids(row.token_ids)
+    ids += chat_format.turn_after_closed(since[0].text).token_ids
+    for entry in since[1:]:
+        ids += unpack_token_ids(entry.token_ids)
+    return ids + chat_format.closing_ids(unpack_token_ids(since[-1].token_ids))
+
+
+async def test_the_switch_writes_the_prepared_base_rolled_forward_over_the_turns_since(
+    db_url: str, make_client: MakeClient, chat_format: ChatFormat
+) -> None:
+    client = await make_client(db_url, **SECTIONS)
+    key = await issue_key(db_url)
+    with structlog.testing.capture_logs() as logs:
+        i = await _until_due(client, key, db_url, chat_format)
+        await _settled(client)
+        expected = await _rolled_forward_from_the_row(db_url, chat_format)
+        await _say(client, key, i)
+
+    [line] = [line for line in logs if line["event"] == "compaction"]
+    assert line["prepared"] is True
+    engine = create_engine(db_url)
+    try:
+        async with create_sessionmaker(engine)() as session:
+            [base] = await session.scalars(select(Message).where(Message.role == BASE_ROLE))
+    finally:
+        await engine.dispose()
+    assert base.turn_id == line["turn_id"]
+    assert unpack_token_ids(base.token_ids) == expected
