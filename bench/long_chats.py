@@ -1,7 +1,7 @@
 """Benchmark: long chats under three context policies, side by side on the same conversations.
 
 * ``compaction`` - this service (real app, SQLite, real runner): token-exact history,
-  rebuilt once when prompt + max_tokens passes the high watermark (issue 8);
+  rebuilt once when prompt + max_tokens passes the high watermark;
 * ``rolling-k``  - the last k messages re-rendered with the chat template every turn
   (how many bots keep long chats in context);
 * ``no-limit``   - token-exact full history, never trimmed: fails once the window is full.
@@ -12,18 +12,20 @@ never share KV blocks. Per policy it prints
     where "cacheable" is the full blocks of the previous prompt + reply, capped by
     the full blocks of the current prompt;
   * prompt tokens recomputed (prompt - cached) per turn, by turn index;
-  * TTFT by turn index: the engine's queue + prefill of the turn's request, and for
-    compaction also the time the service spent compacting (summary + rebuild);
+  * TTFT by turn index: the engine's queue + prefill of the turn's request;
   * turns that failed (context overflow) and compactions;
-  * for compaction, the critical path: cacheable tokens and tokens from cache over the
-    turns' requests and the summary requests made inside turns, TTFT p50 of ordinary
-    and compaction turns (engine queue + prefill + compact layer, and as the service
-    measured it), and the requests made off the turns (prepared bases, prefills).
-    ``--no-prepare`` gives the behaviour before the next base was prepared ahead.
+  * for compaction, once per pace (``--pause``: back to back, and with pauses between a
+    reply and the next message): the switching turns next to the other turns (TTFT from
+    message received to first token as the service measured it, p50 / p90 / max; the
+    engine's queue + prefill; the ``compact`` layer; prompt tokens not from cache), the
+    turns due to switch that went on uncompacted because the next base was not ready yet,
+    the cache share of the requests on the turns' way (the turns', and summaries made
+    inside them), and the requests made off the turns (prepared bases, prefills).
+    ``--no-prepare`` makes every next base inside its switching turn instead.
 
 Run:  .venv/bin/python bench/long_chats.py --conversations 4 --turns 60
       .venv/bin/python bench/long_chats.py --conversations 2 --turns 120 --max-tokens 48 \
-          --compaction-only [--no-prepare]
+          --compaction-only [--pause 0] [--pause 1] [--no-prepare]
       .venv/bin/python bench/long_chats.py --hidden 512 --layers 8   # prefill shows in TTFT
 """
 
@@ -31,10 +33,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
+import resource
 import statistics
 import tempfile
+import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,6 +53,7 @@ from bot.config import EngineSettings, load_settings
 from bot.demo_model import build_demo_model
 from bot.engine.base import GenerationChunk, GenerationRequest, InferenceEngine
 from bot.engine.vllm_local import LocalVLLMEngine
+from bot.http.keys import TURNS
 from bot.storage.db import create_engine, create_sessionmaker
 from bot.storage.migrate import upgrade
 from bot.storage.models import Turn
@@ -75,6 +81,7 @@ class TurnRecord:
     ttft_ms: float
     failed: bool = False
     compact_ms: float = 0.0
+    compact_call: CompactCall | None = None
     service_ttft_ms: float = float("nan")
     """First token - message received, as the service measured it (``turns.layer_ms``)."""
     summary_prompt: int = 0
@@ -83,6 +90,10 @@ class TurnRecord:
     queue_ms: float = 0.0
     prefill_ms: float = 0.0
     layers: dict[str, float] = field(default_factory=dict)
+    switched: bool = False
+    """The turn switched to a new base (it has a compaction)."""
+    postponed: bool = False
+    """Due to switch, it went on uncompacted: its prompt fit and the next base was not ready."""
 
 
 @dataclass
@@ -119,6 +130,61 @@ class Recorder:
 
     async def shutdown(self) -> None:
         await self._engine.shutdown()
+
+
+@dataclass(frozen=True)
+class CompactCall:
+    """Where one turn's ``compact`` layer went."""
+
+    wall_ms: float
+    cpu_ms: float
+    """On this thread's CPU: the work itself."""
+    gc_ms: float
+    """In Python's garbage collector (part of the CPU time)."""
+    preempted: int
+    """Times the kernel took the CPU away from the thread (another process ran)."""
+    blocked: int
+    """Times the thread gave the CPU up (waiting for the GIL or I/O)."""
+
+
+class CompactProbe:
+    """Times every ``Compactor.compact`` call of an app by wall clock, thread CPU time, GC
+    pauses and context switches: a slow switch is either work or a thread kept waiting."""
+
+    def __init__(self, app: Any) -> None:
+        # The runner's compactor; the bench reaches into the app to time just this call.
+        compactor = app[TURNS]._runner.policy.compactor
+        self.calls: dict[str, CompactCall] = {}
+        self._gc_ms = 0.0
+        self._gc_started = 0.0
+        gc.callbacks.append(self._on_gc)
+        original = compactor.compact
+
+        async def compact(**kwargs: Any) -> Any:
+            wall, cpu, gc_before = time.perf_counter(), time.thread_time(), self._gc_ms
+            usage = resource.getrusage(resource.RUSAGE_THREAD)
+            try:
+                return await original(**kwargs)
+            finally:
+                after = resource.getrusage(resource.RUSAGE_THREAD)
+                self.calls[kwargs["turn_id"]] = CompactCall(
+                    (time.perf_counter() - wall) * 1000,
+                    (time.thread_time() - cpu) * 1000,
+                    self._gc_ms - gc_before,
+                    after.ru_nivcsw - usage.ru_nivcsw,
+                    after.ru_nvcsw - usage.ru_nvcsw,
+                )
+
+        compactor.compact = compact
+
+    def _on_gc(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._gc_started = time.perf_counter()
+        else:
+            self._gc_ms += (time.perf_counter() - self._gc_started) * 1000
+
+    def close(self) -> None:
+        gc.callbacks.remove(self._on_gc)
 
 
 def user_line(chat: int, turn: int) -> str:
@@ -199,6 +265,10 @@ async def run_rolling(
     return result
 
 
+def pace_name(pause_s: float) -> str:
+    return "back to back" if not pause_s else f"{pause_s:g} s pauses"
+
+
 async def run_compaction(
     engine: LocalVLLMEngine,
     fmt: ChatFormat,
@@ -206,19 +276,26 @@ async def run_compaction(
     chats: int,
     turns: int,
     workdir: Path,
+    pause_s: float,
 ) -> PolicyResult:
+    """This service's turns, one conversation after the other; ``pause_s`` between a reply's
+    end and the next message (0: back to back, as a client replaying a history sends them)."""
+    await asyncio.to_thread(workdir.mkdir, parents=True, exist_ok=True)
     url = f"sqlite+aiosqlite:///{workdir / 'bench.db'}"
     await asyncio.to_thread(upgrade, url)
     settings = load_settings(None, database={"url": url}, **settings_overrides)
     db = create_engine(url)
     sessions = create_sessionmaker(db)
     async with sessions() as session, session.begin():
-        key = (await create_key(session, name="bench", owner="bench-compaction")).key
+        # An owner per pace: its own cache salt, so no run finds another's blocks.
+        owner = f"bench-compaction-{pause_s:g}"
+        key = (await create_key(session, name="bench", owner=owner)).key
     recorder = Recorder(engine)
     app = await create_app(settings, engine=recorder, chat_format=fmt)
     client: TestClient[Any, Any] = TestClient(TestServer(app, host="127.0.0.1"))
     await client.start_server()
-    result = PolicyResult("compaction")
+    probe = CompactProbe(app)  # the app's turn runner exists once it has started
+    result = PolicyResult(f"compaction, {pace_name(pause_s)}")
     try:
         for chat in range(chats):
             for turn in range(turns):
@@ -232,6 +309,8 @@ async def run_compaction(
                     headers={"Authorization": f"Bearer {key}", "Accept": "text/event-stream"},
                 )
                 await response.read()
+                if pause_s:
+                    await asyncio.sleep(pause_s)
         async with sessions() as session:
             rows = list((await session.scalars(select(Turn).order_by(Turn.created_at))).all())
         by_chat: dict[str, list[Turn]] = {}
@@ -246,13 +325,15 @@ async def run_compaction(
                     continue
                 prompt, chunk = final
                 summary = recorder.finals.get(f"{row.id}:summary")
+                compact_ms = float((row.layer_ms or {}).get("compact", 0.0))
                 records.append(
                     TurnRecord(
                         prompt,
                         chunk.cached_tokens or 0,
                         row.completion_tokens or 0,
                         ttft_ms(chunk),
-                        compact_ms=float((row.layer_ms or {}).get("compact", 0.0)),
+                        compact_ms=compact_ms,
+                        compact_call=probe.calls.get(row.id),
                         service_ttft_ms=float((row.layer_ms or {}).get("ttft") or "nan"),
                         summary_prompt=summary[0] if summary else 0,
                         summary_cached=(summary[1].cached_tokens or 0) if summary else 0,
@@ -263,6 +344,8 @@ async def run_compaction(
                             for k, v in (row.layer_ms or {}).items()
                             if isinstance(v, int | float)
                         },
+                        switched=row.compaction_id is not None,
+                        postponed=row.compaction_id is None and compact_ms > 0,
                     )
                 )
                 result.compactions += 1 if row.compaction_id else 0
@@ -273,6 +356,7 @@ async def run_compaction(
             if request_id.startswith("prepare-")
         ]
     finally:
+        probe.close()
         await client.close()
         await db.dispose()
     return result
@@ -283,17 +367,19 @@ def cacheable(previous: TurnRecord, current: TurnRecord, block: int) -> int:
     return min(before, (current.prompt - 1) // block * block)
 
 
+def _quantile(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
 def critical_path(result: PolicyResult, block: int) -> list[str]:
-    """Cache share of the requests the user waits for: turns, and summaries made inside them.
+    """What the user waits for: switching turns next to the others, and the cache share of the
+    requests on the turns' way (the turns', and summaries made inside them).
 
     A summary request inside a turn counts with all of its whole blocks as cacheable (nothing
     before it shares its prefix, which is the point: that work belongs off the turn).
     """
     cached = possible = 0
-    ordinary: list[float] = []
-    switch: list[float] = []
-    ordinary_service: list[float] = []
-    switch_service: list[float] = []
     for records in result.chats:
         for index, record in enumerate(records):
             if record.failed or index == 0 or records[index - 1].failed:
@@ -304,54 +390,94 @@ def critical_path(result: PolicyResult, block: int) -> list[str]:
             if record.summary_prompt:
                 possible += (record.summary_prompt - 1) // block * block
                 cached += record.summary_cached
-            if record.compact_ms:
-                switch.append(record.compact_ms + record.ttft_ms)
-                switch_service.append(record.service_ttft_ms)
-            else:
-                ordinary.append(record.ttft_ms)
-                ordinary_service.append(record.service_ttft_ms)
     share = 100 * cached / possible if possible else float("nan")
     in_turn = sum(1 for records in result.chats for r in records if r.summary_prompt)
+    pad = f"{'':<11}"
     lines = [
-        f"{'':<11} critical path: cacheable {possible} tokens, from cache {cached} "
-        f"({share:.1f} %); compaction turns that waited for their summary: {in_turn}"
+        f"{pad} critical path: cacheable {possible} tokens, from cache {cached} "
+        f"({share:.1f} %); switching turns that waited for their summary: {in_turn}",
+        f"{pad} {'turns (after the first)':<28} {'count':>5}  TTFT ms p50 / p90 / max"
+        f"     engine queue+prefill p50   compact ms p50 / max   uncached p50",
     ]
-    if ordinary and switch:
-        o, c = statistics.median(ordinary), statistics.median(switch)
-        os_, cs = statistics.median(ordinary_service), statistics.median(switch_service)
-        lines.append(
-            f"{'':<11} TTFT p50, engine queue+prefill (+compact): ordinary turns {o:.1f} ms, "
-            f"compaction turns {c:.1f} ms ({c / o:.2f}x)"
-        )
-        lines.append(
-            f"{'':<11} TTFT p50, service (received -> first token): ordinary turns "
-            f"{os_:.1f} ms, compaction turns {cs:.1f} ms ({cs / os_:.2f}x)"
-        )
-    for label, chosen in (
-        ("ordinary", lambda r: not r.compact_ms),
-        ("compaction", lambda r: bool(r.compact_ms)),
-    ):
+    groups: dict[str, Callable[[TurnRecord], bool]] = {
+        "switching": lambda r: r.switched,
+        "due, went on uncompacted": lambda r: r.postponed,
+        "other turns": lambda r: not r.switched and not r.postponed,
+    }
+    medians: dict[str, float] = {}
+    for label, chosen in groups.items():
         picked = [r for records in result.chats for r in records[1:] if chosen(r) and not r.failed]
+        if not picked:
+            lines.append(f"{pad} {label:<28} {0:>5}")
+            continue
+        ttft = [r.service_ttft_ms for r in picked]
+        compact = [r.compact_ms for r in picked]
+        medians[label] = statistics.median(ttft)
+        lines.append(
+            f"{pad} {label:<28} {len(picked):>5}  {statistics.median(ttft):7.1f} / "
+            f"{_quantile(ttft, 0.9):6.1f} / {max(ttft):6.1f}     "
+            f"{statistics.median(r.ttft_ms for r in picked):7.1f} ms{'':<16}"
+            f"{statistics.median(compact):6.2f} / {max(compact):7.2f}"
+            f"   {statistics.median(r.prompt - r.cached for r in picked):8.0f}"
+        )
+    switching = [r for records in result.chats for r in records if r.switched]
+    if switching and "other turns" in medians:
+        over = sum(1 for r in switching if r.compact_ms > 10.0)
+        lines.append(
+            f"{pad} switching turns' TTFT p50 / other turns': "
+            f"{medians['switching'] / medians['other turns']:.2f}x; switching turns over "
+            f"10 ms in compact: {over} of {len(switching)}"
+        )
+    slow = [r.compact_call for r in switching if r.compact_call and r.compact_ms > 10.0]
+    if slow:
+        lines.append(
+            f"{pad} switching turns over 10 ms in compact: wall "
+            + ", ".join(f"{c.wall_ms:.1f}" for c in slow)
+            + " ms; of it on the thread's CPU "
+            + ", ".join(f"{c.cpu_ms:.1f}" for c in slow)
+            + " ms (in GC "
+            + ", ".join(f"{c.gc_ms:.1f}" for c in slow)
+            + "); CPU taken away by the kernel "
+            + ", ".join(str(c.preempted) for c in slow)
+            + " times, given up (GIL, I/O) "
+            + ", ".join(str(c.blocked) for c in slow)
+            + " times"
+        )
+    calls = [r.compact_call for r in switching if r.compact_call]
+    if calls:
+        lines.append(
+            f"{pad} all switching turns' compact: on CPU p50 "
+            f"{statistics.median(c.cpu_ms for c in calls):.2f} ms, max "
+            f"{max(c.cpu_ms for c in calls):.2f} ms"
+        )
+    for label in ("switching", "other turns"):
+        picked = [
+            r for records in result.chats for r in records[1:] if groups[label](r) and not r.failed
+        ]
         if picked:
-            queue = statistics.median(r.queue_ms for r in picked)
-            prefill = statistics.median(r.prefill_ms for r in picked)
-            compact = statistics.median(r.compact_ms for r in picked)
-            uncached = statistics.median(r.prompt - r.cached for r in picked)
             lines.append(
-                f"{'':<11} {label} turns: p50 queue {queue:.1f} ms, prefill {prefill:.1f} ms, "
-                f"compact {compact:.1f} ms, uncached {uncached:.0f} tokens"
+                f"{pad} {label}, sub-millisecond layers' max ms: "
+                + ", ".join(
+                    f"{name} {max(r.layers.get(name, 0.0) for r in picked):.1f}"
+                    for name in ("history", "tokenize", "compact")
+                )
             )
-            names = ("wait", "deliver", "history", "tokenize", "compact", "ttft")
-            layers = {
-                name: statistics.median(r.layers.get(name, 0.0) for r in picked) for name in names
-            }
+    names = ("wait", "history", "tokenize", "compact", "queue", "prefill", "deliver", "ttft")
+    for label in ("switching", "other turns"):
+        picked = [
+            r for records in result.chats for r in records[1:] if groups[label](r) and not r.failed
+        ]
+        if picked:
             lines.append(
-                f"{'':<11} {label} turns, service layers p50 ms: "
-                + ", ".join(f"{name} {value:.1f}" for name, value in layers.items())
+                f"{pad} {label}, service layers p50 ms: "
+                + ", ".join(
+                    f"{name} {statistics.median(r.layers.get(name, 0.0) for r in picked):.1f}"
+                    for name in names
+                )
             )
     if result.background:
         lines.append(
-            f"{'':<11} off the turns: {len(result.background)} requests (base summaries and "
+            f"{pad} off the turns: {len(result.background)} requests (base summaries and "
             f"prefills), {sum(p for p, _ in result.background)} prompt tokens, "
             f"{sum(c for _, c in result.background)} from cache"
         )
@@ -379,7 +505,7 @@ def summarise(result: PolicyResult, block: int, marks: Sequence[int]) -> list[st
         f"{result.name:<11} cache share {share:6.1f} %   recomputed {recomputed:7d} tokens "
         f"({recomputed / max(served, 1):6.1f}/turn)   prompt {prompts / max(served, 1):5.0f}/turn"
         f"   failed turns {failed:4d}"
-        + (f"   compactions {result.compactions}" if result.name == "compaction" else "")
+        + (f"   compactions {result.compactions}" if result.name.startswith("compaction") else "")
     ]
     cells_recomputed = []
     cells_ttft = []
@@ -393,18 +519,8 @@ def summarise(result: PolicyResult, block: int, marks: Sequence[int]) -> list[st
         cells_ttft.append(f"{statistics.median(r.ttft_ms for r in at):7.1f}")
     lines.append(f"{'':<11} recomputed/turn at turn  " + " ".join(cells_recomputed))
     lines.append(f"{'':<11} TTFT p50 ms at turn      " + " ".join(cells_ttft))
-    if result.name == "compaction":
+    if result.name.startswith("compaction"):
         lines.extend(critical_path(result, block))
-        compact = [r.compact_ms for records in result.chats for r in records if r.compact_ms]
-        at_compaction = [
-            r.compact_ms + r.ttft_ms for records in result.chats for r in records if r.compact_ms
-        ]
-        if compact:
-            lines.append(
-                f"{'':<11} compaction turns: {len(compact)}; compacting took p50 "
-                f"{statistics.median(compact):.0f} ms (max {max(compact):.0f}) before the turn's "
-                f"prefill, so TTFT there is p50 {statistics.median(at_compaction):.0f} ms"
-            )
     return lines
 
 
@@ -450,12 +566,20 @@ async def main_async(args: argparse.Namespace) -> None:
         "logging": {"level": "WARNING"},
     }
     windows = args.window or [6]
+    pauses = args.pause if args.pause is not None else [0.0, 1.0]
     try:
         with tempfile.TemporaryDirectory() as workdir:
             results = [
                 await run_compaction(
-                    engine, fmt, overrides, args.conversations, args.turns, Path(workdir)
+                    engine,
+                    fmt,
+                    overrides,
+                    args.conversations,
+                    args.turns,
+                    Path(workdir) / f"pause-{pause_s:g}",
+                    pause_s,
                 )
+                for pause_s in pauses
             ]
             if not args.compaction_only:
                 for window in windows:
@@ -477,7 +601,8 @@ async def main_async(args: argparse.Namespace) -> None:
         f"block {args.block_size}, max_tokens {args.max_tokens}, watermarks "
         f"{args.high}/{args.low}, summary {'off' if args.no_summary else 'on'}, next base "
         f"{'prepared in the background' if not args.no_prepare else 'made in the turn'}, "
-        f"rolling windows {windows} messages"
+        f"rolling windows {windows} messages; compaction "
+        + ", ".join(pace_name(pause_s) for pause_s in pauses)
     )
     print(f"{'':<11} turn index               " + " ".join(f"{m:>7d}" for m in marks))
     for result in results:
@@ -506,6 +631,13 @@ def main() -> None:
     )
     parser.add_argument(
         "--compaction-only", action="store_true", help="skip the rolling and no-limit policies"
+    )
+    parser.add_argument(
+        "--pause",
+        type=float,
+        action="append",
+        help="seconds between a reply and the next message, one compaction run each "
+        "(repeatable; default 0 and 1: back to back, then with pauses)",
     )
     parser.add_argument(
         "--window", type=int, action="append", help="rolling window in messages (repeatable; 6)"

@@ -12,6 +12,11 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+USER_PRIORITY = 0
+BACKGROUND_PRIORITY = 1
+"""Work no user waits for (a compacted base's summary and prefills). vLLM's scheduling
+priority: lower values are scheduled first."""
+
 
 @dataclass(frozen=True)
 class GenerationRequest:
@@ -29,6 +34,8 @@ class GenerationRequest:
     """Tenant salt: prompts with different salts never share KV blocks."""
     session_key: str | None = None
     """The conversation; remote engines route on it so a chat returns to its KV cache."""
+    priority: int = USER_PRIORITY
+    """Scheduling priority (``BACKGROUND_PRIORITY`` for work no user waits for)."""
 
 
 @dataclass(frozen=True)

@@ -280,6 +280,10 @@ class OpenAIRemoteEngine:
             body["frequency_penalty"] = request.frequency_penalty
         if request.cache_salt:
             body["cache_salt"] = request.cache_salt
+        if request.priority:
+            # Honoured by servers started with `--scheduling-policy priority`; vLLM's
+            # first-come-first-served scheduler accepts it and ignores it.
+            body["priority"] = request.priority
         return body
 
     def _headers(self, request: GenerationRequest) -> dict[str, str]:

@@ -85,6 +85,10 @@ class LocalVLLMEngine:
             enforce_eager=settings.enforce_eager,
             seed=settings.seed,
             enable_prefix_caching=True,
+            # Requests carry a priority (``GenerationRequest.priority``): users' turns
+            # waiting to be scheduled go before background work. With every priority
+            # equal it is first come, first served, as vLLM's default.
+            scheduling_policy="priority",
         )
         log.info("engine_starting", model=settings.model, kind="local", dtype=dtype)
         started_before = descendants()
@@ -141,7 +145,9 @@ class LocalVLLMEngine:
         )
         # Already-tokenized engine input: vLLM neither renders nor re-tokenizes it.
         prompt = tokens_input(list(request.prompt_token_ids), cache_salt=request.cache_salt or None)
-        stream = llm.generate(prompt, params, request_id=request.request_id)
+        stream = llm.generate(
+            prompt, params, request_id=request.request_id, priority=request.priority
+        )
         try:
             async for output in stream:
                 completion = output.outputs[0]

@@ -41,7 +41,7 @@ import structlog
 from sqlalchemy import delete, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from bot.engine.base import GenerationRequest, InferenceEngine
+from bot.engine.base import USER_PRIORITY, GenerationRequest, InferenceEngine
 from bot.storage.models import (
     BASE_ROLE,
     Compaction,
@@ -198,8 +198,9 @@ class Compactor:
             reasoning_dropped=self.drops_reasoning,
         )
         self.after_turn = self._preparation.after_turn
-        """A turn ended: past ``prepare_watermark``, prepare the next base in the background
-        (opened by ``system_prompt``, the conversation's persona's; default: the format's)."""
+        """A turn ended and stored its entries: roll the prepared base forward over them;
+        past ``prepare_watermark``, prepare the next base in the background (opened by
+        ``system_prompt``, the conversation's persona's; default: the format's)."""
 
     def needed(self, prompt_tokens: int, max_tokens: int) -> bool:
         high = self._settings.high_watermark * self._engine.max_model_len
@@ -215,22 +216,41 @@ class Compactor:
         turn_id: str,
         content: str,
         history: History,
+        prompt_tokens: int,
         max_tokens: int,
         cache_salt: str | None,
         system_prompt: str | None = None,
     ) -> Compacted | None:
         """Rebuild and store the base, opened by ``system_prompt`` (the conversation's persona's;
-        default: the format's): the prepared one if it still fits, else one made now.
+        default: the format's): the prepared one if it is ready and fits, else one made now.
 
-        None when there is nothing to drop (a lone long message), or when the turn
-        is already final (another worker took it over): then nothing is stored.
+        ``prompt_tokens``: the turn's prompt without a compaction. While it still fits
+        the window with ``max_tokens``, a turn whose prepared base is not ready goes on
+        with it (the switch waits for a later turn); only one whose prompt no longer
+        fits waits for the preparation, or compacts itself.
+
+        None when the switch waits, when there is nothing to drop (a lone long message),
+        or when the turn is already final (another worker took it over): then nothing
+        is stored.
         """
         user_ids = self._format.turn_after_closed(content).token_ids
-        plan = await self._preparation.take(conversation_id, history)
+        fits = prompt_tokens + max_tokens <= self._engine.max_model_len
+        plan = await self._preparation.take(conversation_id, history, wait=not fits)
         high = self._settings.high_watermark * self._engine.max_model_len
         if plan is not None and len(plan.base_ids) + len(user_ids) + max_tokens > high:
             log.info("prepared_base_too_long", conversation_id=conversation_id)
             plan = None
+        if plan is None and fits and self._settings.prepare_ahead:
+            # Compacting here would put the summary and the new base's prefill before
+            # this turn's first token; the uncompacted prompt costs only its new tokens.
+            log.info(
+                "compaction_postponed",
+                conversation_id=conversation_id,
+                turn_id=turn_id,
+                prompt_tokens=prompt_tokens,
+                max_model_len=self._engine.max_model_len,
+            )
+            return None
         if plan is None:
             plan = await self.plan(
                 conversation_id=conversation_id,
@@ -368,10 +388,11 @@ class Compactor:
         cache_salt: str | None,
         head_seq: int | None,
         system_prompt: str | None = None,
+        priority: int = USER_PRIORITY,
     ) -> Plan | None:
         """The base a compaction of the path up to ``head_seq`` would write now, leaving
         ``reserve`` tokens for what follows, opened by ``system_prompt`` (default: the
-        format's).
+        format's); its summary request scheduled at ``priority``.
 
         None when there is no whole exchange to work with.
         """
@@ -387,7 +408,7 @@ class Compactor:
         summary_tokens = 0
         if self._settings.summary:
             summary, summary_tokens = await self._summarise(
-                conversation_id, request_key, summary, dropped, cache_salt
+                conversation_id, request_key, summary, dropped, cache_salt, priority
             )
         else:
             summary = None
@@ -509,6 +530,7 @@ class Compactor:
         previous: str | None,
         dropped: Sequence[Exchange],
         cache_salt: str | None,
+        priority: int,
     ) -> tuple[str | None, int]:
         """The model's summary of the previous summary plus the dropped exchanges.
 
@@ -551,6 +573,7 @@ class Compactor:
             top_p=self._generation.top_p,
             cache_salt=cache_salt,
             session_key=conversation_id,
+            priority=priority,
         )
         text = ""
         generated = 0

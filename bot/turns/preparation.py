@@ -17,22 +17,30 @@ turn has ended:
    vLLM's prefix cache, under the conversation's tenant salt.
 
 The conversation goes on meanwhile. The base that the switch turn uses is the
-prepared one *rolled forward*: the prepared ids, then the entries on the path
-below the entry it was prepared up to (the first user entry re-rendered after a
-closed reply, the rest id for id), then the last reply's closing. After every
-later turn the worker prefills that rolled-forward base again, which computes
-only the new exchange's tokens.
+prepared one *rolled forward* over the entries since (``bot.turns.rolled_bases``).
+Each turn's end rolls this worker's copy forward in memory, and the worker
+prefills that rolled-forward base again, which computes only the new
+exchange's tokens. The summary and the prefills run at ``BACKGROUND_PRIORITY``:
+the engine schedules users' turns before them where it can.
+
+At the switch (``take``) the turn uses the base rolled forward to exactly its
+history, from memory, without reading anything. When there is none (the
+summary is still being written, or another worker prepared the base) and the
+turn's uncompacted prompt still fits the window, the switch waits for a later
+turn: this one goes on uncompacted (``bot.turns.compaction``). Only a turn
+whose prompt no longer fits waits for this worker's preparation and then reads
+the row.
 
 The history is a tree (``bot.storage.queries.path_entries``): a row describes
-the path from the root to the entry it was prepared up to (``head_seq``). At
-the switch (``take``) it is used only if that entry is still on the path the
-turn continues (an edit or a regeneration of it, or activating another branch,
-leaves it on a path no longer prompted), with the same latest base, the
-history still starting with exactly the ids the row was prepared from (their
-SHA-256), followed by the path's entries since. Anything else (a half-prepared
-row left by a crash, ``ready`` false, included) falls back to compacting in the
-turn. A crash between claim and fill leaves a row that is never ready; another
-preparation takes it over once its lease (``PREPARE_LEASE_S``) has passed.
+the path from the root to the entry it was prepared up to (``head_seq``). It is
+used only if that entry is still on the path the turn continues (an edit or a
+regeneration of it, or activating another branch, leaves it on a path no longer
+prompted), with the same latest base, the history still starting with exactly
+the ids the row was prepared from (their SHA-256), followed by the path's
+entries since. A stale row is prepared again after the turn. A crash between
+claim and fill leaves a row that is never ready: another preparation takes it
+over once its lease (``PREPARE_LEASE_S``) has passed; until then a turn whose
+prompt no longer fits compacts itself.
 """
 
 from __future__ import annotations
@@ -50,11 +58,12 @@ from sqlalchemy import delete, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from bot.engine.base import GenerationRequest, InferenceEngine
-from bot.storage.models import BASE_ROLE, PreparedBase, utcnow
+from bot.engine.base import BACKGROUND_PRIORITY, GenerationRequest, InferenceEngine
+from bot.storage.models import BASE_ROLE, Message, PreparedBase, utcnow
 from bot.storage.queries import History, as_utc, load_history, path_entries
 from bot.storage.tokens import pack_token_ids, unpack_token_ids
 from bot.turns.chat_format import ChatFormat
+from bot.turns.rolled_bases import PathStep, RolledBase, RolledBases
 from bot.turns.settings import CompactionSettings
 
 log = structlog.get_logger("bot.compaction")
@@ -83,34 +92,28 @@ head_seq, system_prompt) -> the base a compaction of that path would write now, 
 (nothing to drop)."""
 
 
-@dataclass(frozen=True)
-class _Entry:
-    seq: int
-    role: str
-    text: str
-    ids: list[int]
-
-
 def digest(ids: Sequence[int]) -> str:
     return hashlib.sha256(pack_token_ids(list(ids))).hexdigest()
 
 
-async def _path(session: AsyncSession, conversation_id: str, head_seq: int | None) -> list[_Entry]:
+async def _path(
+    session: AsyncSession, conversation_id: str, head_seq: int | None
+) -> list[PathStep]:
     """The prompted path up to ``head_seq``: from the latest base on it (or the root)."""
     if head_seq is None:
         return []
     return [
-        _Entry(entry.seq, entry.role, entry.text, unpack_token_ids(entry.token_ids))
+        PathStep(entry.seq, entry.role, entry.text, unpack_token_ids(entry.token_ids))
         for entry in await path_entries(session, conversation_id, head_seq)
     ]
 
 
-def _base_seq(path: Sequence[_Entry]) -> int:
+def _base_seq(path: Sequence[PathStep]) -> int:
     """The seq of the latest base on the path; -1 before its first compaction."""
     return path[0].seq if path and path[0].role == BASE_ROLE else -1
 
 
-def _since(path: Sequence[_Entry], seq: int | None) -> list[_Entry] | None:
+def _since(path: Sequence[PathStep], seq: int | None) -> list[PathStep] | None:
     """The path's entries below ``seq``; None when ``seq`` is not on the path (another branch).
 
     ``seq`` None is the empty history, above every path.
@@ -125,6 +128,20 @@ def _since(path: Sequence[_Entry], seq: int | None) -> list[_Entry] | None:
 
 def _insert(session: AsyncSession) -> Any:
     return postgresql.insert if session.get_bind().dialect.name == "postgresql" else sqlite.insert
+
+
+def _as_plan(rolled: RolledBase) -> Plan:
+    return Plan(
+        base_ids=rolled.base_ids,
+        summary=rolled.summary,
+        summary_tokens=0,
+        kept_from_seq=rolled.kept_from_seq
+        if rolled.kept_from_seq is not None
+        else rolled.first_seq,
+        dropped_exchanges=rolled.dropped_exchanges,
+        kept_exchanges=rolled.kept_exchanges + rolled.exchanges,
+        prepared=True,
+    )
 
 
 class Preparation:
@@ -147,9 +164,12 @@ class Preparation:
         self._plan = plan
         self._reasoning_dropped = reasoning_dropped
         self._tasks: dict[str, asyncio.Task[None]] = {}
-        """Each conversation's latest preparation: the switch turn waits for it."""
+        """Each conversation's latest preparation: a switch that cannot wait for later waits
+        for it."""
         self._warms: set[asyncio.Task[None]] = set()
         """Prefills that only keep a prepared base in the prefix cache: nothing waits for them."""
+        self._rolled = RolledBases()
+        """Each conversation's prepared base, rolled forward to the last path seen here."""
 
     @property
     def reserve(self) -> int:
@@ -157,7 +177,12 @@ class Preparation:
         share = self._settings.high_watermark - self._settings.prepare_at
         return int(share * self._engine.max_model_len)
 
-    # -- after a turn (background) -------------------------------------------------------
+    def _too_long(self, base_ids: Sequence[int], max_tokens: int) -> bool:
+        """A base past the high watermark: switching to it would call for the next at once."""
+        high = self._settings.high_watermark * self._engine.max_model_len
+        return len(base_ids) + max_tokens > high
+
+    # -- after a turn ---------------------------------------------------------------------
 
     def after_turn(
         self,
@@ -167,19 +192,29 @@ class Preparation:
         max_tokens: int,
         cache_salt: str | None,
         system_prompt: str | None = None,
+        stored: Sequence[Message] = (),
     ) -> None:
-        """A turn ended with ``tokens`` in its prompt + reply: prepare or warm, in the background.
+        """A turn ended with ``tokens`` in its prompt + reply and stored the entries ``stored``.
 
-        Preparations of one conversation run one at a time, in order; each warm-up
-        prefill they start runs as a task of its own (``_warm_soon``).
+        The base kept here is rolled forward over them at once, in memory, so that a next
+        message arriving right away finds it. Past ``prepare_watermark``, the rest runs in
+        the background: prepare the base, or prefill the rolled-forward one. Preparations
+        of one conversation run one at a time, in order; each warm-up prefill they start
+        runs as a task of its own (``_warm_soon``).
         """
         if not self._settings.prepare_ahead:
             return
+        rolled = self._rolled.extend(conversation_id, self._format, stored)
+        if rolled is not None and self._too_long(rolled.base_ids, max_tokens):
+            self._rolled.drop(conversation_id)  # prepared again from the history below
         if tokens + max_tokens <= self._settings.prepare_at * self._engine.max_model_len:
             return
+        head_seq = stored[-1].seq if stored else None
         previous = self._tasks.get(conversation_id)
         task = asyncio.create_task(
-            self._background(conversation_id, max_tokens, cache_salt, system_prompt, previous),
+            self._background(
+                conversation_id, head_seq, max_tokens, cache_salt, system_prompt, previous
+            ),
             name=f"prepare-base-{conversation_id}",
         )
         self._tasks[conversation_id] = task
@@ -212,6 +247,7 @@ class Preparation:
     async def _background(
         self,
         conversation_id: str,
+        head_seq: int | None,
         max_tokens: int,
         cache_salt: str | None,
         system_prompt: str | None,
@@ -220,6 +256,10 @@ class Preparation:
         if previous is not None:
             await asyncio.gather(previous, return_exceptions=True)
         try:
+            if head_seq is not None and self._rolled.head_seq(conversation_id) == head_seq:
+                # Rolled forward as the turn ended: nothing to read, only to prefill.
+                self._warm_latest(conversation_id, cache_salt)
+                return
             await self._prepare_or_warm(conversation_id, max_tokens, cache_salt, system_prompt)
         except asyncio.CancelledError:
             raise
@@ -247,10 +287,15 @@ class Preparation:
         base_seq = _base_seq(path)
         if row is not None and row.ready:
             rolled = self._roll_forward(row, base_seq, history, path)
-            if rolled is not None:
-                self._warm_soon(conversation_id, rolled[0], cache_salt)
+            if rolled is not None and not self._too_long(rolled.base_ids, max_tokens):
+                self._rolled.put(conversation_id, rolled)
+                self._warm_latest(conversation_id, cache_salt)
                 return
-            log.info("prepared_base_stale", conversation_id=conversation_id)
+            log.info(
+                "prepared_base_stale" if rolled is None else "prepared_base_too_long",
+                conversation_id=conversation_id,
+            )
+            self._rolled.drop(conversation_id)
         elif row is not None and as_utc(row.lease_until) > utcnow():
             return  # another preparation is under way (here or on another worker)
         claim = uuid.uuid4().hex
@@ -265,6 +310,7 @@ class Preparation:
             cache_salt=cache_salt,
             head_seq=history.head_seq,
             system_prompt=system_prompt,
+            priority=BACKGROUND_PRIORITY,
         )
         if plan is None:
             async with self._sessions() as session, session.begin():
@@ -286,7 +332,22 @@ class Preparation:
             kept_exchanges=plan.kept_exchanges,
             summary_tokens=plan.summary_tokens,
         )
-        self._warm_soon(conversation_id, plan.base_ids, cache_salt)
+        self._rolled.put(
+            conversation_id,
+            RolledBase(
+                head_seq=history.head_seq,
+                path_ids=list(history.prompt_ids),
+                open_ids=plan.base_ids,
+                closing_ids=[],
+                exchanges=0,
+                first_seq=None,
+                summary=plan.summary,
+                kept_from_seq=plan.kept_from_seq,
+                dropped_exchanges=plan.dropped_exchanges,
+                kept_exchanges=plan.kept_exchanges,
+            ),
+        )
+        self._warm_latest(conversation_id, cache_salt)
 
     async def _claim(
         self,
@@ -352,6 +413,12 @@ class Preparation:
             )
             return bool(getattr(result, "rowcount", 0) == 1)
 
+    def _warm_latest(self, conversation_id: str, cache_salt: str | None) -> None:
+        """Prefill the base kept for the conversation, unless that path's is prefilled already."""
+        rolled = self._rolled.to_prefill(conversation_id)
+        if rolled is not None:
+            self._warm_soon(conversation_id, rolled.base_ids, cache_salt)
+
     def _warm_soon(self, conversation_id: str, ids: list[int], cache_salt: str | None) -> None:
         """Start ``_warm`` as a task of its own, off the preparation that ``settle`` waits for."""
         if len(ids) + 1 > self._engine.max_model_len:
@@ -372,6 +439,7 @@ class Preparation:
             top_p=1.0,
             cache_salt=cache_salt,
             session_key=conversation_id,
+            priority=BACKGROUND_PRIORITY,
         )
         try:
             async for _ in self._engine.generate(request):
@@ -386,11 +454,24 @@ class Preparation:
 
     # -- at the switch ------------------------------------------------------------------
 
-    async def take(self, conversation_id: str, history: History) -> Plan | None:
-        """The prepared base rolled forward to ``history``; None if there is none or it is stale."""
+    async def take(self, conversation_id: str, history: History, *, wait: bool) -> Plan | None:
+        """The prepared base rolled forward to ``history``; None if there is none or it is stale.
+
+        From memory when this worker rolled it to exactly ``history``. Otherwise, with
+        ``wait``, after this worker's preparation of the conversation, from the row;
+        without, None at once (the base is not ready yet).
+        """
         if not self._settings.prepare_ahead:
             return None
+        rolled = self._rolled.at(conversation_id, history)
+        if rolled is not None:
+            return _as_plan(rolled)
+        if not wait:
+            return None
         await self.settle(conversation_id)
+        rolled = self._rolled.at(conversation_id, history)
+        if rolled is not None:
+            return _as_plan(rolled)
         async with self._read_sessions() as session:
             row = await session.get(PreparedBase, conversation_id)
             if row is None or not row.ready:
@@ -400,26 +481,16 @@ class Preparation:
         if rolled is None:
             log.info("prepared_base_stale", conversation_id=conversation_id)
             return None
-        ids, exchanges, first_seq = rolled
-        return Plan(
-            base_ids=ids,
-            summary=row.summary,
-            summary_tokens=0,
-            kept_from_seq=row.kept_from_seq if row.kept_from_seq is not None else first_seq,
-            dropped_exchanges=row.dropped_exchanges,
-            kept_exchanges=row.kept_exchanges + exchanges,
-            prepared=True,
-        )
+        return _as_plan(rolled)
 
     def _roll_forward(
         self,
         row: PreparedBase,
         base_seq: int,
         history: History,
-        path: Sequence[_Entry],
-    ) -> tuple[list[int], int, int | None] | None:
-        """The prepared ids + the path's entries since, closed; how many exchanges those are,
-        and the first one's seq.
+        path: Sequence[PathStep],
+    ) -> RolledBase | None:
+        """The prepared base rolled forward over the path's entries since.
 
         None when the row no longer describes ``history``, the prompt of ``path``: the
         entry it was prepared up to is not on the path (an edit, a regeneration or another
@@ -435,22 +506,16 @@ class Preparation:
             return None
         if [i for entry in entries for i in entry.ids] != history.prompt_ids[row.covered_tokens :]:
             return None
-        ids = unpack_token_ids(row.token_ids)
-        exchanges = 0
-        expected = "user"
-        for index, entry in enumerate(entries):
-            if entry.role != expected:
-                return None
-            if index == 0:
-                # Stored after an open reply (its closing first): re-rendered after a closed one.
-                ids += self._format.turn_after_closed(entry.text).token_ids
-            else:
-                ids += entry.ids
-            if entry.role == "assistant":
-                exchanges += 1
-            expected = "assistant" if entry.role == "user" else "user"
-        if entries:
-            if entries[-1].role != "assistant":
-                return None
-            ids += self._format.closing_ids(entries[-1].ids)
-        return ids, exchanges, entries[0].seq if entries else None
+        prepared = RolledBase(
+            head_seq=row.head_seq,
+            path_ids=covered,
+            open_ids=unpack_token_ids(row.token_ids),
+            closing_ids=[],
+            exchanges=0,
+            first_seq=None,
+            summary=row.summary,
+            kept_from_seq=row.kept_from_seq,
+            dropped_exchanges=row.dropped_exchanges,
+            kept_exchanges=row.kept_exchanges,
+        )
+        return prepared.extended(self._format, entries)

@@ -240,6 +240,7 @@ class TurnRunner:
                 max_tokens=persona.generation.max_tokens,
                 cache_salt=progress.cache_salt,
                 system_prompt=persona.chat_format.system_prompt,
+                stored=progress.history_entries,
             )
 
     async def _start(self, turn_id: str) -> tuple[Turn, list[Turn]] | None:
@@ -315,13 +316,15 @@ class TurnRunner:
             and compactor
             and compactor.needed(len(prompt), max_tokens)
         ):
-            # The history outgrew its window: rebuild the base once (the cache breaks here only).
+            # The history outgrew its window: rebuild the base once (the cache breaks here
+            # only), or go on as it is while it fits and the prepared base is not ready.
             with clock.measure("compact"):
                 compacted = await compactor.compact(
                     conversation_id=turn.conversation_id,
                     turn_id=turn.id,
                     content=content,
                     history=history,
+                    prompt_tokens=len(prompt),
                     max_tokens=max_tokens,
                     cache_salt=cache_salt,
                     system_prompt=persona.chat_format.system_prompt,

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from dataclasses import replace
 
 import pytest
 import structlog
 
-from bot.engine.base import GenerationRequest
+from bot.engine.base import BACKGROUND_PRIORITY, GenerationRequest
 from bot.engine.openai_remote import OpenAIRemoteEngine
 from bot.engine.routing import rendezvous_order
 from bot.engine.vllm_local import LocalVLLMEngine
@@ -124,6 +125,26 @@ async def test_the_session_and_key_travel_as_headers(misbehaving: MisbehavingSer
     headers = {name.lower(): value for name, value in misbehaving.headers[0].items()}
     assert headers["x-session-id"] == "conv-42"
     assert headers["authorization"] == "Bearer test-engine-key"
+
+
+async def test_background_work_carries_its_priority_and_a_first_come_server_serves_it(
+    remote_engine: OpenAIRemoteEngine, misbehaving: MisbehavingServer
+) -> None:
+    """vLLM's default scheduler (first come, first served) accepts a priority and ignores it;
+    a server started with ``--scheduling-policy priority`` schedules by it."""
+    background = replace(request([1, 2, 3, 4], "conv-7"), priority=BACKGROUND_PRIORITY)
+    ids, final = await collect(remote_engine, background)
+    assert ids and final.finish_reason is not None
+
+    misbehaving.mode = "no_choices"
+    engine = await engine_for([misbehaving.base_url], max_attempts=1)
+    try:
+        await failure_of(engine, background)
+        await failure_of(engine, request([1, 2, 3], "conv-7"))
+    finally:
+        await engine.shutdown()
+    assert misbehaving.requests[0]["priority"] == BACKGROUND_PRIORITY
+    assert "priority" not in misbehaving.requests[1]  # a user's: the server's default
 
 
 # -- each failure, classified, with a hint ----------------------------------------------------

@@ -299,6 +299,10 @@ async def _next_prompt_tokens(db_url: str, chat_format: ChatFormat, content: str
 async def test_a_stale_or_half_prepared_base_is_not_used(
     db_url: str, make_client: MakeClient, chat_format: ChatFormat, change: str
 ) -> None:
+    """The row changes just before the switch, which a worker that never rolled the base
+    (a restarted one) meets: it goes on uncompacted while the prompt fits. A stale row is
+    prepared again from the history; a half-prepared one, whose lease still runs, is left
+    to its worker until a turn no longer fits, which compacts itself."""
     client = await make_client(db_url, **_sections())
     key = await issue_key(db_url)
     i = 0
@@ -315,16 +319,33 @@ async def test_a_stale_or_half_prepared_base_is_not_used(
             await _say(client, key, i)
             i += 1
         assert not [line for line in logs if line["event"] == "compaction"]
+        await _settled(client)
         await (_prepared_from_other_ids if change == "other-ids" else _crash_half_way)(db_url, row)
-        await _say(client, key, i)
+        await client.close()
+        client = await make_client(db_url, **_sections())
+        fits: dict[int, bool] = {}
+        while not [line for line in logs if line["event"] == "compaction"]:
+            prompt = await _next_prompt_tokens(db_url, chat_format, LINES[i % 7])
+            fits[i] = prompt + MAX_TOKENS <= TEST_MAX_MODEL_LEN
+            await _say(client, key, i)
+            i += 1
+            assert i < 80
     [line] = [line for line in logs if line["event"] == "compaction"]
-    assert line["prepared"] is False
-    assert all(turn.status == "done" for turn in await load_turns(db_url))
+    rows = sorted(await load_turns(db_url), key=lambda turn: turn.seq)
+    assert all(turn.status == "done" for turn in rows)
+    assert line["turn_id"] == rows[-1].id
+    postponed = [line["turn_id"] for line in logs if line["event"] == "compaction_postponed"]
+    assert postponed and postponed == [turn.id for turn in rows[min(fits) : -1]]
     if change == "other-ids":
         assert any(line["event"] == "prepared_base_stale" for line in logs)
-        # Rebuilt in the turn from the history, not from the row's other ids.
+        # Prepared again from the history, not from the row's other ids.
+        assert line["prepared"] is True
         stale = [7, *unpack_token_ids(row.token_ids or b"")]
         assert (await _bases(db_url))[line["turn_id"]][: len(stale)] != stale
+    else:
+        # Never ready: the first turn that does not fit uncompacted compacts itself.
+        assert line["prepared"] is False
+        assert not fits[i - 1] and all(fits[n] for n in range(min(fits), i - 1))
 
 
 class FailingTurnEngine(RecordingEngine):
@@ -520,7 +541,7 @@ async def test_an_edit_of_the_prepared_turn_does_not_use_the_stale_base(
         fork_seq = path[-2].parent_seq
         assert fork_seq is not None and path[-2].role == "user"
 
-        # An edit long enough to pass the high watermark from the fork point: it compacts.
+        # An edit too long to go on uncompacted from the fork point: it compacts.
         engine_db = create_engine(db_url)
         try:
             async with create_sessionmaker(engine_db)() as session:
@@ -532,11 +553,10 @@ async def test_an_edit_of_the_prepared_turn_does_not_use_the_stale_base(
         while True:
             edited = "EDITED " + " ".join(["river"] * words)
             user = chat_format.next_turn(forked.last_assistant_ids, edited)
-            if len(forked.prompt_ids) + len(user.token_ids) + MAX_TOKENS > HIGH * (
-                TEST_MAX_MODEL_LEN
-            ):
+            # Past the window uncompacted, so the edit cannot go on without a new base.
+            if len(forked.prompt_ids) + len(user.token_ids) + MAX_TOKENS > TEST_MAX_MODEL_LEN:
                 break
-            words += 1
+            words += 8
         edit_id = await _fork(client, key, last, "edit", text=edited)
 
     [line] = [line for line in logs if line["event"] == "compaction"]

@@ -263,6 +263,7 @@ async def test_compaction_writes_only_while_its_turn_is_still_ours(
             turn_id=turn.id,
             content=LINES[3],
             history=history,
+            prompt_tokens=len(history.prompt_ids),
             max_tokens=MAX_TOKENS,
             cache_salt=None,
         )

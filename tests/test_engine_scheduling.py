@@ -1,0 +1,58 @@
+"""The in-process engine schedules a user's request before background work waiting with it."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import uuid
+
+from bot.engine.base import BACKGROUND_PRIORITY, USER_PRIORITY, GenerationRequest
+from bot.engine.vllm_local import LocalVLLMEngine
+from tests.conftest import TEST_MAX_MODEL_LEN
+
+BACKGROUND_REQUESTS = 12
+"""Long prefills, several engine steps' worth: most of them wait to be scheduled."""
+
+
+def _request(name: str, prompt: list[int], priority: int) -> GenerationRequest:
+    return GenerationRequest(
+        request_id=f"{name}-{uuid.uuid4().hex}",
+        prompt_token_ids=prompt,
+        max_tokens=1,
+        temperature=0.0,
+        top_p=1.0,
+        # Each its own salt: no request finds another's blocks in the prefix cache.
+        cache_salt=uuid.uuid4().hex,
+        priority=priority,
+    )
+
+
+async def test_a_users_request_goes_before_background_work_queued_ahead_of_it(
+    engine: LocalVLLMEngine,
+) -> None:
+    rng = random.Random(7)
+    started: list[str] = []
+
+    async def run(request: GenerationRequest) -> None:
+        async for chunk in engine.generate(request):
+            if chunk.token_ids and request.request_id not in started:
+                started.append(request.request_id)
+
+    background = [
+        _request(
+            f"background{n}",
+            [rng.randrange(100, 2000) for _ in range(TEST_MAX_MODEL_LEN - 8)],
+            BACKGROUND_PRIORITY,
+        )
+        for n in range(BACKGROUND_REQUESTS)
+    ]
+    tasks = [asyncio.create_task(run(request)) for request in background]
+    # All of them reach the engine first: under first come, first served, the user
+    # would wait for every one.
+    await asyncio.sleep(0.2)
+    user = _request("user", [rng.randrange(100, 2000) for _ in range(40)], USER_PRIORITY)
+    tasks.append(asyncio.create_task(run(user)))
+    await asyncio.gather(*tasks)
+
+    assert len(started) == BACKGROUND_REQUESTS + 1
+    assert started.index(user.request_id) < BACKGROUND_REQUESTS // 2, started
