@@ -79,5 +79,7 @@ def test_the_pattern_knows_numbering_from_ordinary_words() -> None:
 
 
 def test_no_tracked_file_numbers_sessions_rounds_or_issues() -> None:
-    hits = [hit for path in tracked_text_files() for hit in numbering_in(path)]
+    # This file's own examples are the pattern's fixtures.
+    files = [path for path in tracked_text_files() if path != Path(__file__).resolve()]
+    hits = [hit for path in files for hit in numbering_in(path)]
     assert not hits, "say what is true now (history is in git log):\n" + "\n".join(hits)
