@@ -34,11 +34,13 @@ async def test_a_users_request_goes_before_background_work_queued_ahead_of_it(
 ) -> None:
     rng = random.Random(7)
     started: list[str] = []
+    first_started = asyncio.Event()
 
     async def run(request: GenerationRequest) -> None:
         async for chunk in engine.generate(request):
             if chunk.token_ids and request.request_id not in started:
                 started.append(request.request_id)
+                first_started.set()
 
     background = [
         _request(
@@ -51,9 +53,7 @@ async def test_a_users_request_goes_before_background_work_queued_ahead_of_it(
     tasks = [asyncio.create_task(run(request)) for request in background]
     # All of them reach the engine first (the first answer comes after every one was
     # added): under first come, first served, the user would wait for every one.
-    async with asyncio.timeout(120):
-        while not started:
-            await asyncio.sleep(0.005)
+    await asyncio.wait_for(first_started.wait(), 120)
     done_before = len(started)
     user = _request("user", [rng.randrange(100, 2000) for _ in range(40)], USER_PRIORITY)
     tasks.append(asyncio.create_task(run(user)))
