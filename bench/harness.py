@@ -1,5 +1,7 @@
 """What the benchmarks share: the model and settings they serve, a scratch database, the app
-on a loopback port, an API key, the prefix-cache share, a client process, CPU accounting.
+on a loopback port, an API key, the prefix-cache share, a client process, the loop's lag, a
+``botctl serve`` process, and a message as each platform delivers it (built from the
+channels' real payload fixtures) with the identities the service is configured with.
 
 Benchmarks import it as a sibling module (``from harness import ...``): a script's own
 folder is first on ``sys.path``.
@@ -10,26 +12,34 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import copy
 import itertools
 import json
 import os
+import subprocess
 import sys
 import time
+import urllib.request
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from functools import cache
 from pathlib import Path
 from typing import Any, Self
 
 import asyncpg
 import psutil
 from aiohttp import web
+from slack_sdk.signature import SignatureVerifier
 from sqlalchemy.engine import make_url
 
 from bot.apikeys import create_key
 from bot.demo_model import build_demo_model
+from bot.engine.base import GenerationRequest
 from bot.engine.process_priority import ENGINE_CORE_TITLE, WORKER_TITLE, descendants, titled
 from bot.storage.db import create_engine, create_sessionmaker
 from bot.storage.migrate import upgrade
+from bot.testing.slack_api import FakeSlackApi
+from bot.testing.telegram_api import FakeTelegram
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO_MODEL_DIR = REPO / "data" / "demo-model"
@@ -38,6 +48,20 @@ BLOCK_SIZE = 32
 """The KV cache's block: only full blocks are cached, so only full blocks count as cacheable."""
 NO_LIMITS = {"messages_per_minute": 0, "tokens_per_day": 0}
 """A benchmark is one key sending many messages: fair use would throttle it."""
+POSTGRES = os.environ.get("BOT_TEST_POSTGRES_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
+"""The local PostgreSQL server (trust auth), as the tests use it."""
+USER_LINES = [
+    "Hello! How are you today?",
+    "Tell me about the weather in Paris this week.",
+    "And what about London and Berlin?",
+    "Please answer briefly and politely.",
+    "What can I do for you? Numbers: 1 2 3 100.",
+    "Code: def main(): return print('hello world')",
+    "Markdown: **bold**, _italic_, `code`.",
+    "Questions and answers, greetings and farewells.",
+    "Ünïcödé and émojis 🙂 — café?",
+    "Thanks, that is all.",
+]
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
@@ -76,6 +100,18 @@ def service_sections(db_url: str, engine: dict[str, Any], max_tokens: int) -> di
 def local_engine(model: Path, dtype: str) -> dict[str, Any]:
     """The ``[engine]`` section of the in-process engine for ``served_model``'s model."""
     return {"model": str(model), "dtype": dtype, "max_model_len": 4096, "block_size": BLOCK_SIZE}
+
+
+def greedy(prompt: list[int], max_tokens: int, **extra: Any) -> GenerationRequest:
+    """A request for ``prompt`` as the benchmarks send one: greedy, so runs compare."""
+    return GenerationRequest(
+        request_id=uuid.uuid4().hex,
+        prompt_token_ids=prompt,
+        max_tokens=max_tokens,
+        temperature=0.0,
+        top_p=1.0,
+        **extra,
+    )
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -197,83 +233,6 @@ class LoopLag:
         return self.samples_ms
 
 
-class CpuWaits:
-    """How long threads ran and how long they were runnable but waited for a CPU, read off
-    Linux's ``/proc/PID/task/TID/schedstat``. A late loop whose thread waited was not given
-    a CPU (another process had it); one whose thread did not wait had more work than time."""
-
-    def __init__(self, threads: dict[str, list[tuple[int, int]]]) -> None:
-        self._threads = threads  # name -> its threads' (pid, tid), summed in one line
-        self._started: dict[tuple[int, int], tuple[int, int]] = {}
-        self._wall_started = 0.0
-
-    def _read(self) -> dict[tuple[int, int], tuple[int, int]]:
-        read: dict[tuple[int, int], tuple[int, int]] = {}
-        for pid, tid in itertools.chain.from_iterable(self._threads.values()):
-            with contextlib.suppress(OSError):
-                fields = Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()
-                read[pid, tid] = (int(fields[0]), int(fields[1]))
-        return read
-
-    def start(self) -> None:
-        self._started = self._read()
-        self._wall_started = time.perf_counter()
-
-    def stop(self) -> list[str]:
-        """One line a name: ms on a CPU, ms waiting for one, the wait's share of the wall."""
-        wall_ms = (time.perf_counter() - self._wall_started) * 1000
-        now = self._read()
-        lines = []
-        for name, threads in self._threads.items():
-            both = [thread for thread in threads if thread in now and thread in self._started]
-            if both:
-                ran_ms = sum(now[t][0] - self._started[t][0] for t in both) / 1e6
-                waited_ms = sum(now[t][1] - self._started[t][1] for t in both) / 1e6
-                lines.append(
-                    f"{name} on a CPU {ran_ms:.0f} ms, runnable but waiting for one"
-                    f" {waited_ms:.0f} ms ({100 * waited_ms / max(wall_ms, 1e-9):.1f} % of"
-                    f" {wall_ms / 1000:.1f} s)"
-                )
-        return lines
-
-
-class CpuByProcess:
-    """CPU ms each kind of process on this host spent between ``start`` and ``stop``: this
-    process (the service), vLLM's engine, the ``named`` ones (pid -> name), PostgreSQL's
-    server processes and the rest. On two cores that is what the acks compete with."""
-
-    def __init__(self, named: dict[int, str]) -> None:
-        self._named = named
-        self._before: dict[int, tuple[str, float]] = {}
-
-    def _read(self) -> dict[int, tuple[str, float]]:
-        engine = set(engine_pids())
-        found: dict[int, tuple[str, float]] = {}
-        for process in psutil.process_iter():
-            with contextlib.suppress(psutil.Error):
-                pid = process.pid
-                kind = (
-                    "service"
-                    if pid == os.getpid()
-                    else "engine"
-                    if pid in engine
-                    else self._named.get(pid)
-                    or ("PostgreSQL" if process.name() == "postgres" else "other")
-                )
-                times = process.cpu_times()
-                found[pid] = (kind, times.user + times.system)
-        return found
-
-    def start(self) -> None:
-        self._before = self._read()
-
-    def stop(self) -> dict[str, float]:
-        spent: dict[str, float] = {}
-        for pid, (kind, seconds) in self._read().items():
-            spent[kind] = spent.get(kind, 0.0) + (seconds - self._before.get(pid, ("", 0.0))[1])
-        return {kind: ms * 1000 for kind, ms in sorted(spent.items(), key=lambda kv: -kv[1])}
-
-
 class JsonLinesProcess:
     """A benchmark's client run as a process of its own: ``python SCRIPT ARGS...``.
 
@@ -287,10 +246,6 @@ class JsonLinesProcess:
         self._command = [sys.executable, str(Path(script).resolve()), *args]
         self._env = {**os.environ, **env}
         self._process: asyncio.subprocess.Process | None = None
-
-    @property
-    def pid(self) -> int | None:
-        return None if self._process is None else self._process.pid
 
     async def ask(self, request: Any) -> Any:
         process = self._process
@@ -330,3 +285,142 @@ async def answer_json_lines(answer: Callable[[Any], Awaitable[Any]]) -> None:
     while line := await asyncio.to_thread(sys.stdin.readline):
         sys.stdout.write(json.dumps(await answer(json.loads(line))) + "\n")
         sys.stdout.flush()
+
+
+def start_botctl(
+    sections: dict[str, Any],
+    env: dict[str, str],
+    log_path: Path,
+    new_session: bool = True,
+    argv: Sequence[str] = (sys.executable, "-m", "bot.cli", "serve"),
+) -> subprocess.Popen[bytes]:
+    """A real ``botctl serve`` (or ``argv`` that runs it) with these settings' sections (each
+    as JSON in the environment, as pydantic-settings reads them), by default in a session of
+    its own (a process group to kill; with autogroup, a scheduling group of its own too)."""
+    sections_env = {f"BOT_{name.upper()}": json.dumps(value) for name, value in sections.items()}
+    with log_path.open("wb") as log:
+        return subprocess.Popen(
+            list(argv),
+            env={**os.environ, **sections_env, **env},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=new_session,
+        )
+
+
+def wait_until_up(
+    process: subprocess.Popen[bytes], url: str, log_path: Path, timeout_s: float
+) -> None:
+    """Until ``url`` answers 200; RuntimeError if the process exits or times out first."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"botctl serve exited ({process.returncode}): see {log_path}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.2)
+    raise RuntimeError(f"botctl serve not up in {timeout_s:g} s: see {log_path}")
+
+
+# -- a message as each platform delivers it ------------------------------------------------
+
+TELEGRAM_BOT = "benchbot"
+TELEGRAM_TOKEN = "7000000001:AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw"
+TELEGRAM_USERNAME = "BenchBot"
+TELEGRAM_SECRET = "bench-Secret_header"
+SLACK_TOKEN = "xoxb-bench-0001"
+SLACK_TEAM = "T0001TEAM"
+SLACK_BOT_USER = "UBOT0001"
+SLACK_USER = "U0001ALICE"
+SLACK_CHANNEL = "C0001BENCH"
+SLACK_SIGNING_SECRET = "8f742231b10e8888abcd99yyyzzz85a5"
+
+
+@cache
+def fixture(channel: str, name: str) -> dict[str, Any]:
+    """A platform's real payload, as the channel's tests keep it (JSON data, not code)."""
+    loaded: dict[str, Any] = json.loads((REPO / "tests" / channel / "fixtures" / name).read_text())
+    return loaded
+
+
+def telegram_update(update_id: int, chat_id: int, text: str) -> bytes:
+    """A private chat's text message (``update_id`` is what Telegram deduplicates on)."""
+    update = copy.deepcopy(fixture("telegram", "private_text.json"))
+    update["update_id"] = update_id
+    message = update["message"]
+    message["message_id"] = update_id % 1_000_000
+    message["chat"]["id"] = message["from"]["id"] = chat_id
+    message.update(text=text, date=int(time.time()))
+    return json.dumps(update).encode()
+
+
+def telegram_headers() -> dict[str, str]:
+    return {"X-Telegram-Bot-Api-Secret-Token": TELEGRAM_SECRET, "Content-Type": "application/json"}
+
+
+def slack_mention(event_id: str, ts: str, thread_ts: str | None, text: str) -> bytes:
+    """A mention of the bot in ``SLACK_CHANNEL``: a reply in thread ``thread_ts``, or (None)
+    the root of a new thread."""
+    body = copy.deepcopy(fixture("slack", "app_mention.json"))
+    body.update(event_id=event_id, event_time=int(time.time()))
+    event = body["event"]
+    event.update(ts=ts, event_ts=ts, channel=SLACK_CHANNEL, user=SLACK_USER)
+    event["text"] = f"<@{SLACK_BOT_USER}> {text}"
+    event.pop("blocks", None)
+    if thread_ts is not None:
+        event["thread_ts"] = thread_ts
+    return json.dumps(body).encode()
+
+
+def slack_headers(raw: bytes) -> dict[str, str]:
+    """Signed now: a retry signs again, as Slack does."""
+    now = str(int(time.time()))
+    signature = SignatureVerifier(SLACK_SIGNING_SECRET).generate_signature(
+        timestamp=now, body=raw.decode()
+    )
+    return {
+        "Content-Type": "application/json",
+        "X-Slack-Request-Timestamp": now,
+        "X-Slack-Signature": signature or "",
+    }
+
+
+def telegram_bot(api_base_url: str, **overrides: Any) -> dict[str, Any]:
+    """The ``[[telegram]]`` entry of the bot these updates are for."""
+    return {
+        "name": TELEGRAM_BOT,
+        "token": TELEGRAM_TOKEN,
+        "secret_token": TELEGRAM_SECRET,
+        "api_base_url": api_base_url,
+        "username": TELEGRAM_USERNAME,
+        **overrides,
+    }
+
+
+def slack_app(api_base_url: str, **overrides: Any) -> dict[str, Any]:
+    """The ``[[slack]]`` entry of the app these events are for."""
+    return {
+        "name": "main",
+        "signing_secret": SLACK_SIGNING_SECRET,
+        "bot_token": SLACK_TOKEN,
+        "api_base_url": api_base_url,
+        "app_id": "A0001APP",
+        **overrides,
+    }
+
+
+async def open_platforms(telegram: FakeTelegram, slack: FakeSlackApi) -> dict[str, str]:
+    """The strict fakes started with the bot, the workspace and its user; their base URLs."""
+    await telegram.__aenter__()
+    telegram.add_bot(TELEGRAM_TOKEN, TELEGRAM_USERNAME)
+    slack.add_workspace(SLACK_TOKEN, SLACK_TEAM, bot_user_id=SLACK_BOT_USER)
+    slack.add_user(SLACK_TEAM, SLACK_USER, display_name="Alice")
+    return {"telegram": telegram.base_url, "slack": await slack.start()}
+
+
+async def close_platforms(telegram: FakeTelegram, slack: FakeSlackApi) -> None:
+    await slack.close()
+    await telegram.__aexit__(None, None, None)

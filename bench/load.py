@@ -5,16 +5,14 @@ over the ways in (``--channels``): ``POST /v1/messages`` with an API key, Telegr
 webhook with its secret header and Slack's signed Events API, while the turns they
 create generate on the real engine in the service's process. The arrivals come from a
 client process of its own, and the turns' replies go to the strict platform fakes in
-another (bench/load_client.py): this process only serves, as in production.
+another (bench/clients.py): this process only serves, as in production.
 
 Prints, per rate: messages sent, ack p50/p99/max, refused (not acknowledged) and lost
 (acknowledged, and no final turn once the engine has drained: must be 0; "?" while
 turns are still open after ``--drain-s``), overall, for the conversations' first
 messages (each creates its conversation, all in the first second) and the later ones,
-and by channel; then the service loop's lag while they arrived, how long the loop's
-thread and the other processes' main threads ran and waited for a CPU, and the CPU
-every kind of process took meanwhile (what the acks competed with); last, the first
-rate whose ack p99 passed the goal.
+and by channel; then the service loop's lag while they arrived (how late a handler could
+start); last, the first rate whose ack p99 passed the goal.
 
 ``--ingress-process`` (PostgreSQL) acknowledges in a process of its own: a real ``botctl
 serve`` with ``workers.run_turns = false`` takes the arrivals, stores them and answers,
@@ -33,22 +31,16 @@ import argparse
 import asyncio
 import contextlib
 import datetime as dt
-import json
 import math
 import os
 import subprocess
-import sys
 import tempfile
-import threading
-import time
-import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any
 
+import clients
 from harness import (
-    CpuByProcess,
-    CpuWaits,
     LoopLag,
     add_model_arguments,
     bench_key,
@@ -61,9 +53,11 @@ from harness import (
     serve_on_loopback,
     served_model,
     service_sections,
+    slack_app,
+    start_botctl,
+    telegram_bot,
+    wait_until_up,
 )
-from load_client import client_process, fakes_process
-from platform_requests import slack_app, telegram_bot
 from sqlalchemy import func, select
 
 from bot.app import create_app
@@ -121,42 +115,20 @@ def set_nice(pid: int, nice: int, group: bool) -> None:
         Path(f"/proc/{pid}/autogroup").write_text(str(nice))
 
 
-def start_ingress_process(
+async def start_ingress_process(
     sections: dict[str, Any], log_path: Path, nice: int, own_group: bool
 ) -> tuple[subprocess.Popen[bytes], str]:
     """A real ``botctl serve`` that only acknowledges (``workers.run_turns = false``), at
-    ``nice`` and (``own_group``) in a session of its own, as systemd runs a unit."""
+    ``nice`` and (``own_group``) in a scheduling group of its own."""
     port = free_port()
-    env = {
-        **os.environ,
-        # Each section as JSON, as pydantic-settings reads complex values from the environment.
-        **{f"BOT_{name.upper()}": json.dumps(value) for name, value in sections.items()},
-        "BOT_SERVER": json.dumps({"host": "127.0.0.1", "port": port}),
-        "BOT_WORKERS": json.dumps({"run_turns": False}),
-    }
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "bot.cli", "serve"],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=own_group,
-        )
+    sections = sections | {"server": {"host": "127.0.0.1", "port": port}}
+    process = start_botctl(sections | {"workers": {"run_turns": False}}, {}, log_path, own_group)
     try:
         if nice:
             set_nice(process.pid, nice, own_group)
         base = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if process.poll() is not None:
-                raise SystemExit(f"the ingress process exited ({process.returncode}): {log_path}")
-            try:
-                with urllib.request.urlopen(f"{base}/readyz", timeout=2) as response:
-                    if response.status == 200:
-                        return process, base
-            except OSError:
-                time.sleep(0.3)
-        raise SystemExit(f"the ingress process was not ready in 120 s: see {log_path}")
+        await asyncio.to_thread(wait_until_up, process, f"{base}/readyz", log_path, 120)
+        return process, base
     except BaseException:
         process.kill()  # in a session of its own, no Ctrl-C of the benchmark reaches it
         raise
@@ -180,7 +152,10 @@ async def main(args: argparse.Namespace) -> None:
         raise SystemExit(f"--channels: pick from {', '.join(CHANNELS)}")
     workdir = Path(tempfile.mkdtemp(prefix="bench-load-"))
     model, dtype = served_model(args)
-    async with scratch_database(workdir, args.database) as db_url, fakes_process() as fakes:
+    async with (
+        scratch_database(workdir, args.database) as db_url,
+        clients.process("fakes") as fakes,
+    ):
         if args.ingress_process and is_sqlite(db_url):
             raise SystemExit("--ingress-process needs --database postgresql+asyncpg://...")
         urls = await fakes.ask({})
@@ -195,19 +170,12 @@ async def main(args: argparse.Namespace) -> None:
         ingress: subprocess.Popen[bytes] | None = None
         try:
             if args.ingress_process:
-                ingress, base = await asyncio.to_thread(
-                    start_ingress_process,
-                    sections,
-                    workdir / "ingress.log",
-                    args.ingress_nice,
-                    args.ingress_group,
+                ingress, base = await start_ingress_process(
+                    sections, workdir / "ingress.log", args.ingress_nice, args.ingress_group
                 )
             key = await bench_key(db_url, f"bench-{uuid.uuid4().hex[:6]}")
-            async with client_process(base, key, channels) as client:
-                named = {client.pid: "client process", fakes.pid: "fakes process"}
-                if ingress is not None:
-                    named[ingress.pid] = "ingress process"
-                await measure(args, client, {k: v for k, v in named.items() if k}, db_url)
+            async with clients.process("arrivals", base, ",".join(channels), key=key) as client:
+                await measure(args, client, db_url, ingress is not None)
         finally:
             if ingress is not None:
                 ingress.terminate()
@@ -216,16 +184,14 @@ async def main(args: argparse.Namespace) -> None:
             await engine.shutdown()
 
 
-async def measure(
-    args: argparse.Namespace, client: Any, named: dict[int, str], db_url: str
-) -> None:
+async def measure(args: argparse.Namespace, client: Any, db_url: str, ingress: bool) -> None:
     channels = [c for c in args.channels.split(",") if c]
     database = "SQLite" if is_sqlite(db_url) else "PostgreSQL"
     print(f"# ack latency under open-loop load, {args.seconds:g} s a rate, {args.conversations}")
     print(f"# conversations a channel, max_tokens={args.max_tokens}, {model_name(args)}, CPU,")
     print(f"# {database}; load average {load_average()} at the start")
     print(f"# engine in the service's process: {engine_processes()}")
-    if "ingress process" in named.values():
+    if ingress:
         group = ", a scheduling group of its own" if args.ingress_group else ""
         print(f"# acks from an ingress-only `botctl serve` (nice {args.ingress_nice}{group})")
     run, since = uuid.uuid4().hex[:6], dt.datetime.now(dt.UTC)
@@ -236,18 +202,14 @@ async def measure(
     ):
         accepted[channel] += status in (200, 202)
     await drain(db_url, since, args.drain_s)
-    threads = {"service loop thread": [(os.getpid(), threading.get_native_id())]}
-    threads |= {f"{name}'s main thread": [(pid, pid)] for pid, name in named.items()}
-    lag, cpu_waits, cpu_by_process = LoopLag(), CpuWaits(threads), CpuByProcess(named)
+    lag = LoopLag()
     print("rate/s  channel   sent  ack_p50_ms  ack_p99_ms  ack_max_ms  refused  lost")
     first_over: float | None = None
     for rate in [float(r) for r in args.rates.split(",")]:
         lag.start()
-        cpu_waits.start()
-        cpu_by_process.start()
         plan = {"rate": rate, "seconds": args.seconds, "conversations": args.conversations}
         results = [tuple(r) for r in await client.ask(plan | {"run": f"{run}{rate:g}"})]
-        lags, waits, spent = lag.stop(), cpu_waits.stop(), cpu_by_process.stop()
+        lags = lag.stop()
         still_open = await drain(db_url, since, args.drain_s)
         finals = await count_turns(db_url, since, final=True)
         for channel, _, status in results:
@@ -266,10 +228,6 @@ async def measure(
             f"{'':6}  loop lag while they arrived: p50 {percentile(lags, 50):.1f}"
             f" p99 {percentile(lags, 99):.1f} max {max(lags, default=0):.1f} ms"
         )
-        for line in waits:
-            print(f"{'':6}  {line}")
-        shares = ", ".join(f"{kind} {ms:.0f}" for kind, ms in spent.items())
-        print(f"{'':6}  CPU ms while they arrived, by process: {shares}")
         if first_over is None and p99 > ACK_P99_GOAL_MS:
             first_over = rate
     if first_over is None:

@@ -33,27 +33,22 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
-import resource
 import statistics
 import tempfile
-import time
-import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from aiohttp.test_utils import TestClient, TestServer
+from harness import NO_LIMITS, bench_key, greedy, percentile
 from sqlalchemy import select
 
-from bot.apikeys import create_key
 from bot.app import create_app
 from bot.config import EngineSettings, load_settings
 from bot.demo_model import build_demo_model
 from bot.engine.base import GenerationChunk, GenerationRequest, InferenceEngine
 from bot.engine.vllm_local import LocalVLLMEngine
-from bot.http.keys import TURNS
 from bot.storage.db import create_engine, create_sessionmaker
 from bot.storage.migrate import upgrade
 from bot.storage.models import Turn
@@ -81,15 +76,11 @@ class TurnRecord:
     ttft_ms: float
     failed: bool = False
     compact_ms: float = 0.0
-    compact_call: CompactCall | None = None
     service_ttft_ms: float = float("nan")
     """First token - message received, as the service measured it (``turns.layer_ms``)."""
     summary_prompt: int = 0
     """Prompt of a summary request made inside the turn (on its critical path)."""
     summary_cached: int = 0
-    queue_ms: float = 0.0
-    prefill_ms: float = 0.0
-    layers: dict[str, float] = field(default_factory=dict)
     switched: bool = False
     """The turn switched to a new base (it has a compaction)."""
     postponed: bool = False
@@ -132,61 +123,6 @@ class Recorder:
         await self._engine.shutdown()
 
 
-@dataclass(frozen=True)
-class CompactCall:
-    """Where one turn's ``compact`` layer went."""
-
-    wall_ms: float
-    cpu_ms: float
-    """On this thread's CPU: the work itself."""
-    gc_ms: float
-    """In Python's garbage collector (part of the CPU time)."""
-    preempted: int
-    """Times the kernel took the CPU away from the thread (another process ran)."""
-    blocked: int
-    """Times the thread gave the CPU up (waiting for the GIL or I/O)."""
-
-
-class CompactProbe:
-    """Times every ``Compactor.compact`` call of an app by wall clock, thread CPU time, GC
-    pauses and context switches: a slow switch is either work or a thread kept waiting."""
-
-    def __init__(self, app: Any) -> None:
-        # The runner's compactor; the bench reaches into the app to time just this call.
-        compactor = app[TURNS]._runner.policy.compactor
-        self.calls: dict[str, CompactCall] = {}
-        self._gc_ms = 0.0
-        self._gc_started = 0.0
-        gc.callbacks.append(self._on_gc)
-        original = compactor.compact
-
-        async def compact(**kwargs: Any) -> Any:
-            wall, cpu, gc_before = time.perf_counter(), time.thread_time(), self._gc_ms
-            usage = resource.getrusage(resource.RUSAGE_THREAD)
-            try:
-                return await original(**kwargs)
-            finally:
-                after = resource.getrusage(resource.RUSAGE_THREAD)
-                self.calls[kwargs["turn_id"]] = CompactCall(
-                    (time.perf_counter() - wall) * 1000,
-                    (time.thread_time() - cpu) * 1000,
-                    self._gc_ms - gc_before,
-                    after.ru_nivcsw - usage.ru_nivcsw,
-                    after.ru_nvcsw - usage.ru_nvcsw,
-                )
-
-        compactor.compact = compact
-
-    def _on_gc(self, phase: str, info: dict[str, Any]) -> None:
-        if phase == "start":
-            self._gc_started = time.perf_counter()
-        else:
-            self._gc_ms += (time.perf_counter() - self._gc_started) * 1000
-
-    def close(self) -> None:
-        gc.callbacks.remove(self._on_gc)
-
-
 def user_line(chat: int, turn: int) -> str:
     return f"[{chat}.{turn}] {USER_LINES[(chat * 3 + turn) % len(USER_LINES)]}"
 
@@ -199,14 +135,7 @@ def ttft_ms(chunk: GenerationChunk) -> float:
 async def generate(
     engine: LocalVLLMEngine, prompt: list[int], salt: str, max_tokens: int
 ) -> tuple[list[int], str, GenerationChunk]:
-    request = GenerationRequest(
-        request_id=uuid.uuid4().hex,
-        prompt_token_ids=prompt,
-        max_tokens=max_tokens,
-        temperature=0.0,
-        top_p=1.0,
-        cache_salt=salt,
-    )
+    request = greedy(prompt, max_tokens, cache_salt=salt)
     ids: list[int] = []
     text = ""
     final: GenerationChunk | None = None
@@ -286,15 +215,12 @@ async def run_compaction(
     settings = load_settings(None, database={"url": url}, **settings_overrides)
     db = create_engine(url)
     sessions = create_sessionmaker(db)
-    async with sessions() as session, session.begin():
-        # An owner per pace: its own cache salt, so no run finds another's blocks.
-        owner = f"bench-compaction-{pause_s:g}"
-        key = (await create_key(session, name="bench", owner=owner)).key
+    # An owner per pace: its own cache salt, so no run finds another's blocks.
+    key = await bench_key(url, "bench", owner=f"bench-compaction-{pause_s:g}")
     recorder = Recorder(engine)
     app = await create_app(settings, engine=recorder, chat_format=fmt)
     client: TestClient[Any, Any] = TestClient(TestServer(app, host="127.0.0.1"))
     await client.start_server()
-    probe = CompactProbe(app)  # the app's turn runner exists once it has started
     result = PolicyResult(f"compaction, {pace_name(pause_s)}")
     try:
         for chat in range(chats):
@@ -333,17 +259,9 @@ async def run_compaction(
                         row.completion_tokens or 0,
                         ttft_ms(chunk),
                         compact_ms=compact_ms,
-                        compact_call=probe.calls.get(row.id),
                         service_ttft_ms=float((row.layer_ms or {}).get("ttft") or "nan"),
                         summary_prompt=summary[0] if summary else 0,
                         summary_cached=(summary[1].cached_tokens or 0) if summary else 0,
-                        queue_ms=chunk.timings.queue_ms if chunk.timings else 0.0,
-                        prefill_ms=chunk.timings.prefill_ms if chunk.timings else 0.0,
-                        layers={
-                            k: float(v)
-                            for k, v in (row.layer_ms or {}).items()
-                            if isinstance(v, int | float)
-                        },
                         switched=row.compaction_id is not None,
                         postponed=row.compaction_id is None and compact_ms > 0,
                     )
@@ -356,7 +274,6 @@ async def run_compaction(
             if request_id.startswith("prepare-")
         ]
     finally:
-        probe.close()
         await client.close()
         await db.dispose()
     return result
@@ -365,11 +282,6 @@ async def run_compaction(
 def cacheable(previous: TurnRecord, current: TurnRecord, block: int) -> int:
     before = (previous.prompt + previous.generated - 1) // block * block
     return min(before, (current.prompt - 1) // block * block)
-
-
-def _quantile(values: Sequence[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def critical_path(result: PolicyResult, block: int) -> list[str]:
@@ -415,7 +327,7 @@ def critical_path(result: PolicyResult, block: int) -> list[str]:
         medians[label] = statistics.median(ttft)
         lines.append(
             f"{pad} {label:<28} {len(picked):>5}  {statistics.median(ttft):7.1f} / "
-            f"{_quantile(ttft, 0.9):6.1f} / {max(ttft):6.1f}     "
+            f"{percentile(ttft, 90):6.1f} / {max(ttft):6.1f}     "
             f"{statistics.median(r.ttft_ms for r in picked):7.1f} ms{'':<16}"
             f"{statistics.median(compact):6.2f} / {max(compact):7.2f}"
             f"   {statistics.median(r.prompt - r.cached for r in picked):8.0f}"
@@ -428,53 +340,6 @@ def critical_path(result: PolicyResult, block: int) -> list[str]:
             f"{medians['switching'] / medians['other turns']:.2f}x; switching turns over "
             f"10 ms in compact: {over} of {len(switching)}"
         )
-    slow = [r.compact_call for r in switching if r.compact_call and r.compact_ms > 10.0]
-    if slow:
-        lines.append(
-            f"{pad} switching turns over 10 ms in compact: wall "
-            + ", ".join(f"{c.wall_ms:.1f}" for c in slow)
-            + " ms; of it on the thread's CPU "
-            + ", ".join(f"{c.cpu_ms:.1f}" for c in slow)
-            + " ms (in GC "
-            + ", ".join(f"{c.gc_ms:.1f}" for c in slow)
-            + "); CPU taken away by the kernel "
-            + ", ".join(str(c.preempted) for c in slow)
-            + " times, given up (GIL, I/O) "
-            + ", ".join(str(c.blocked) for c in slow)
-            + " times"
-        )
-    calls = [r.compact_call for r in switching if r.compact_call]
-    if calls:
-        lines.append(
-            f"{pad} all switching turns' compact: on CPU p50 "
-            f"{statistics.median(c.cpu_ms for c in calls):.2f} ms, max "
-            f"{max(c.cpu_ms for c in calls):.2f} ms"
-        )
-    for label in ("switching", "other turns"):
-        picked = [
-            r for records in result.chats for r in records[1:] if groups[label](r) and not r.failed
-        ]
-        if picked:
-            lines.append(
-                f"{pad} {label}, sub-millisecond layers' max ms: "
-                + ", ".join(
-                    f"{name} {max(r.layers.get(name, 0.0) for r in picked):.1f}"
-                    for name in ("history", "tokenize", "compact")
-                )
-            )
-    names = ("wait", "history", "tokenize", "compact", "queue", "prefill", "deliver", "ttft")
-    for label in ("switching", "other turns"):
-        picked = [
-            r for records in result.chats for r in records[1:] if groups[label](r) and not r.failed
-        ]
-        if picked:
-            lines.append(
-                f"{pad} {label}, service layers p50 ms: "
-                + ", ".join(
-                    f"{name} {statistics.median(r.layers.get(name, 0.0) for r in picked):.1f}"
-                    for name in names
-                )
-            )
     if result.background:
         lines.append(
             f"{pad} off the turns: {len(result.background)} requests (base summaries and "
@@ -561,7 +426,7 @@ async def main_async(args: argparse.Namespace) -> None:
             "prepare_ahead": not args.no_prepare,
             **({"prepare_watermark": args.prepare} if args.prepare else {}),
         },
-        "limits": {"messages_per_minute": 0, "tokens_per_day": 0},
+        "limits": NO_LIMITS,
         "tenancy": {"cache_salt_secret": "bench"},
         "logging": {"level": "WARNING"},
     }

@@ -20,8 +20,7 @@ client: request sent -> first content chunk).
 Run:  .venv/bin/python bench/openai_compat.py --conversations 4 --turns 10 [--postgres]
 
 With ``--postgres`` the service stores on a database of its own on the local PostgreSQL
-(``BOT_BENCH_POSTGRES_DSN``, default the trust-auth server on 127.0.0.1:5432), dropped
-afterwards; else on a temporary SQLite file.
+(``BOT_TEST_POSTGRES_DSN``, as the tests), dropped afterwards; else on a SQLite file.
 """
 
 from __future__ import annotations
@@ -41,6 +40,8 @@ import openai
 from harness import (
     BLOCK_SIZE,
     DEMO_MODEL_DIR,
+    POSTGRES,
+    USER_LINES,
     bench_key,
     percentile,
     prefix_reuse,
@@ -56,25 +57,9 @@ from bot.demo_model import build_demo_model
 from bot.log import configure_logging
 from bot.storage.db import create_engine, create_sessionmaker
 from bot.storage.models import Conversation, Turn
-from bot.testing.vllm_servers import API_KEY, SERVED_MODEL_NAME, launch, wait_ready
+from bot.testing.vllm_servers import API_KEY, SERVED_MODEL_NAME, VLLMServer, launch, wait_ready
 
-POSTGRES_ADMIN_DSN = os.environ.get(
-    "BOT_BENCH_POSTGRES_DSN", "postgresql://postgres@127.0.0.1:5432/postgres"
-)
 SYSTEM_PROMPT = "You are a helpful assistant."
-MAX_MODEL_LEN = 1024
-USER_LINES = [
-    "Hello! How are you today?",
-    "Tell me about the weather in Paris this week.",
-    "And what about London and Berlin?",
-    "Please answer briefly and politely.",
-    "What can I do for you? Numbers: 1 2 3 100.",
-    "Code: def main(): return print('hello world')",
-    "Markdown: **bold**, _italic_, `code`.",
-    "Questions and answers, greetings and farewells.",
-    "Ünïcödé and émojis 🙂 — café?",
-    "Thanks, that is all.",
-]
 
 
 @dataclass(frozen=True)
@@ -175,16 +160,8 @@ async def run_all(client: openai.AsyncOpenAI, args: argparse.Namespace, **kw: An
     return summarise(list(chats))
 
 
-def service_settings(db_url: str, model: Path, base_url: str, max_tokens: int) -> Any:
-    engine = {
-        "kind": "openai",
-        "model": str(model),
-        "base_urls": [base_url],
-        "api_key": API_KEY,
-        "served_model_name": SERVED_MODEL_NAME,
-        "max_model_len": MAX_MODEL_LEN,
-        "block_size": BLOCK_SIZE,
-    }
+def service_settings(db_url: str, model: Path, server: VLLMServer, max_tokens: int) -> Any:
+    engine = server.engine_section() | {"model": str(model), "block_size": BLOCK_SIZE}
     sections = service_sections(db_url, engine, max_tokens)
     return load_settings(None, **sections, chat={"system_prompt": SYSTEM_PROMPT})
 
@@ -207,9 +184,9 @@ async def main(args: argparse.Namespace) -> None:
     stack = contextlib.AsyncExitStack()
     try:
         await asyncio.to_thread(wait_ready, server, time.monotonic())
-        server_url = POSTGRES_ADMIN_DSN if args.postgres else None
+        server_url = POSTGRES if args.postgres else None
         db_url = await stack.enter_async_context(scratch_database(workdir, server_url))
-        settings = service_settings(db_url, model, server.base_url, args.max_tokens)
+        settings = service_settings(db_url, model, server, args.max_tokens)
         app = await create_app(settings)
         runner, base = await serve_on_loopback(app)
         key = await bench_key(db_url, "bench")

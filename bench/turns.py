@@ -1,7 +1,7 @@
 """Benchmark: what the service adds to a chat, next to the same prompts sent straight to vLLM.
 
 N conversations x T turns go through the HTTP API (``POST /v1/messages``, then the turn's
-event stream) from a client in a process of its own (bench/turns_client.py); then the
+event stream) from a client in a process of its own (bench/clients.py); then the
 exact prompt ids the service built, rebuilt from the stored history, go straight to the
 same engine with the same concurrency, its prefix cache reset in between. Prints:
 
@@ -34,15 +34,16 @@ import os
 import statistics
 import tempfile
 import time
-import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import clients
 from harness import (
     add_model_arguments,
     bench_key,
     engine_processes,
+    greedy,
     load_average,
     local_engine,
     model_name,
@@ -54,7 +55,6 @@ from harness import (
     service_sections,
 )
 from sqlalchemy import select
-from turns_client import run_chats_in_subprocess
 
 from bot.app import create_app
 from bot.config import load_settings
@@ -119,14 +119,8 @@ async def direct(
     end) ms each, as a client of the engine would see them."""
     times = []
     for prompt in prompts:
-        request_id = uuid.uuid4().hex
-        request = GenerationRequest(
-            request_id=request_id,
-            prompt_token_ids=prompt,
-            max_tokens=max_tokens,
-            temperature=0.0,
-            top_p=1.0,
-        )
+        request = greedy(prompt, max_tokens)
+        request_id = request.request_id
         async for _ in engine.generate(request):
             pass
         ended = time.perf_counter()
@@ -174,7 +168,8 @@ async def measure(args: argparse.Namespace, engine: FirstTextClock, app: Any, db
         "turns": args.turns,
         "pause_s": args.pause_ms / 1000,
     }
-    chats = await run_chats_in_subprocess(base, key, plan)
+    async with clients.process("chats", base, key=key) as client:
+        chats = await client.ask(plan)
     await runner.cleanup()
     conversations: list[list[dict[str, Any]]] = chats["conversations"]
     results = [r for conversation in conversations for r in conversation]
