@@ -29,29 +29,19 @@ import time
 from typing import Any
 
 import aiohttp
-from harness import (
-    TELEGRAM_BOT,
-    USER_LINES,
-    JsonLinesProcess,
-    answer_json_lines,
-    close_platforms,
-    open_platforms,
-    slack_headers,
-    slack_mention,
-    telegram_headers,
-    telegram_update,
-)
+import harness
 
 from bot.testing.slack_api import FakeSlackApi
 from bot.testing.telegram_api import FakeTelegram
 
 KEY_ENV = "BENCH_KEY"
-Request = tuple[str, bytes, dict[str, str]]
+NUMBERS = itertools.count(1)
+"""Each message's number: unique in a run (the platforms' dedupe keys are made of it)."""
 
 
-def process(role: str, *args: str, key: str = "") -> JsonLinesProcess:
+def process(role: str, *args: str, key: str = "") -> harness.JsonLinesProcess:
     """This file run as ``role``, a process of its own."""
-    return JsonLinesProcess(__file__, [role, *args], {KEY_ENV: key})
+    return harness.JsonLinesProcess(__file__, [role, *args], {KEY_ENV: key})
 
 
 # -- chats ---------------------------------------------------------------------------------
@@ -96,7 +86,7 @@ async def chat(
         payload = {
             "conversation_id": conversation,
             "message_id": f"m{index}",
-            "text": USER_LINES[index % len(USER_LINES)],
+            "text": harness.USER_LINES[index % len(harness.USER_LINES)],
         }
         sent_at = time.perf_counter()
         async with http.post(f"{base}/v1/messages", json=payload, headers=headers) as response:
@@ -117,37 +107,15 @@ async def serve_chats(base: str, key: str) -> None:
             )
             return {"conversations": conversations, "wall_s": time.perf_counter() - started}
 
-    await answer_json_lines(run)
+    await harness.answer_json_lines(run)
 
 
 # -- arrivals ------------------------------------------------------------------------------
 
 
-class Senders:
-    """One message as each platform sends it: (path, body, headers)."""
-
-    def __init__(self, key: str) -> None:
-        self._key = key
-        # Telegram's update ids are its dedupe key: a run must not repeat an earlier run's.
-        # Below 10**6 a run: Slack's ts keeps its six decimals.
-        self._ids = itertools.count(random.randrange(1, 900_000))
-
-    def request(self, channel: str, run: str, conversation: int, text: str) -> Request:
-        number = next(self._ids)
-        if channel == "telegram":
-            body = telegram_update(800_000_000 + number, 500_000 + conversation, text)
-            return f"/telegram/{TELEGRAM_BOT}", body, telegram_headers()
-        if channel == "slack":
-            ts, thread = f"{int(time.time())}.{number:06d}", f"1700000000.{conversation:06d}"
-            raw = slack_mention(f"Ev{run}{number:08d}", ts, thread, text)
-            return "/slack/events", raw, slack_headers(raw)
-        payload = {"conversation_id": f"{run}-c{conversation}", "message_id": f"{run}-m{number}"}
-        headers = {"Authorization": f"Bearer {self._key}", "Content-Type": "application/json"}
-        return "/v1/messages", json.dumps({**payload, "text": text}).encode(), headers
-
-
-async def post_one(http: aiohttp.ClientSession, base: str, request: Request) -> tuple[float, int]:
-    path, body, headers = request
+async def post_one(
+    http: aiohttp.ClientSession, base: str, path: str, body: bytes, headers: dict[str, str]
+) -> tuple[float, int]:
     started = time.perf_counter()
     async with http.post(f"{base}{path}", data=body, headers=headers) as response:
         await response.read()
@@ -155,9 +123,10 @@ async def post_one(http: aiohttp.ClientSession, base: str, request: Request) -> 
 
 
 async def arrivals(
-    http: aiohttp.ClientSession, base: str, senders: Senders, channels: list[str], plan: Any
+    http: aiohttp.ClientSession, base: str, key: str, channels: list[str], plan: Any
 ) -> list[tuple[str, float, int]]:
-    """Message i goes to channel i % C and conversation i % K, at Poisson times."""
+    """Message i goes to channel i % C and conversation i % K, at Poisson times; a Slack
+    conversation is a thread whose root is not sent, as if posted before the run."""
     rng = random.Random(f"{plan['run']}-{plan['rate']}")
     tasks: list[asyncio.Task[tuple[float, int]]] = []
     sent: list[str] = []
@@ -169,8 +138,13 @@ async def arrivals(
         index = len(sent)
         channel = channels[index % len(channels)]
         text = f"Message {index}: tell me something about the number {index}."
-        request = senders.request(channel, plan["run"], index % plan["conversations"], text)
-        tasks.append(asyncio.create_task(post_one(http, base, request)))
+        conversation = index % plan["conversations"]
+        chat = {
+            "telegram": str(500_000 + conversation),
+            "slack": f"1700000000.{conversation:06d}",
+        }.get(channel, f"{plan['run']}-c{conversation}")
+        request = harness.platform_request(channel, next(NUMBERS), chat, text, key)
+        tasks.append(asyncio.create_task(post_one(http, base, *request[:3])))
         sent.append(channel)
         at += rng.expovariate(plan["rate"])
     results = await asyncio.gather(*tasks)
@@ -178,22 +152,21 @@ async def arrivals(
 
 
 async def serve_arrivals(base: str, key: str, channels: list[str]) -> None:
-    senders = Senders(key)
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
-        await answer_json_lines(lambda plan: arrivals(http, base, senders, channels, plan))
+        await harness.answer_json_lines(lambda plan: arrivals(http, base, key, channels, plan))
 
 
 async def serve_fakes() -> None:
     telegram, slack = FakeTelegram(), FakeSlackApi()
-    urls = await open_platforms(telegram, slack)
+    urls = await harness.open_platforms(telegram, slack)
     try:
 
         async def answer(_: object) -> dict[str, str]:
             return urls
 
-        await answer_json_lines(answer)
+        await harness.answer_json_lines(answer)
     finally:
-        await close_platforms(telegram, slack)
+        await harness.close_platforms(telegram, slack)
 
 
 if __name__ == "__main__":

@@ -27,15 +27,14 @@ from pathlib import Path
 from typing import Any, Self
 
 import asyncpg
-import psutil
 from aiohttp import web
 from slack_sdk.signature import SignatureVerifier
 from sqlalchemy.engine import make_url
 
 from bot.apikeys import create_key
+from bot.channels.webhook.signing import signed_headers
 from bot.demo_model import build_demo_model
 from bot.engine.base import GenerationRequest
-from bot.engine.process_priority import ENGINE_CORE_TITLE, WORKER_TITLE, descendants, titled
 from bot.storage.db import create_engine, create_sessionmaker
 from bot.storage.migrate import upgrade
 from bot.testing.slack_api import FakeSlackApi
@@ -186,23 +185,6 @@ async def scratch_database(workdir: Path, server: str | None) -> AsyncIterator[s
         await admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
-def engine_pids() -> list[int]:
-    """vLLM's own processes started by this one: its engine core and its workers."""
-    children = descendants()
-    return titled(children, ENGINE_CORE_TITLE) + titled(children, WORKER_TITLE)
-
-
-def engine_processes() -> str:
-    """Where vLLM's own processes run and at which nice value (``engine.core_on_worker_cpus``,
-    ``engine.process_nice``), read off the processes."""
-    found = [
-        f"{process.name()} on CPUs {','.join(map(str, sorted(process.cpu_affinity())))}"
-        f" at nice {process.nice()}"
-        for process in map(psutil.Process, engine_pids())
-    ]
-    return "; ".join(sorted(found)) or "none found"
-
-
 def load_average() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
@@ -337,6 +319,7 @@ SLACK_BOT_USER = "UBOT0001"
 SLACK_USER = "U0001ALICE"
 SLACK_CHANNEL = "C0001BENCH"
 SLACK_SIGNING_SECRET = "8f742231b10e8888abcd99yyyzzz85a5"
+WEBHOOK = {"name": "bench", "secret": "bench-webhook-secret-0123456789"}
 
 
 @cache
@@ -386,6 +369,30 @@ def slack_headers(raw: bytes) -> dict[str, str]:
         "X-Slack-Request-Timestamp": now,
         "X-Slack-Signature": signature or "",
     }
+
+
+def platform_request(
+    channel: str, number: int, chat: str, text: str, key: str = "", root: bool = False
+) -> tuple[str, bytes, dict[str, str], str]:
+    """Message ``number`` (unique in the run) to ``chat`` as ``channel`` delivers it: the
+    path, body and headers to POST, and the id the service deduplicates it on. ``chat`` is a
+    Telegram chat id, a Slack thread's root ts (``root``: this message is that root), or a
+    conversation id (the API with ``key``, the generic webhook)."""
+    if channel == "telegram":
+        update_id = 600_000_000 + number
+        body = telegram_update(update_id, int(chat), text)
+        return f"/telegram/{TELEGRAM_BOT}", body, telegram_headers(), str(update_id)
+    if channel == "slack":
+        event_id, ts = f"Ev{number:08d}", chat if root else f"{int(time.time())}.{number:06d}"
+        body = slack_mention(event_id, ts, None if root else chat, text)
+        return "/slack/events", body, slack_headers(body), event_id
+    message_id = f"{chat}-m{number}"
+    body = json.dumps({"conversation_id": chat, "message_id": message_id, "text": text}).encode()
+    if channel == "webhook":
+        headers = signed_headers(WEBHOOK["secret"], body)
+        return f"/webhooks/{WEBHOOK['name']}", body, headers, message_id
+    headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+    return "/v1/messages", body, headers, message_id
 
 
 def telegram_bot(api_base_url: str, **overrides: Any) -> dict[str, Any]:

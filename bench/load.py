@@ -40,24 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import clients
-from harness import (
-    LoopLag,
-    add_model_arguments,
-    bench_key,
-    engine_processes,
-    load_average,
-    local_engine,
-    model_name,
-    percentile,
-    scratch_database,
-    serve_on_loopback,
-    served_model,
-    service_sections,
-    slack_app,
-    start_botctl,
-    telegram_bot,
-    wait_until_up,
-)
+import harness
 from sqlalchemy import func, select
 
 from bot.app import create_app
@@ -122,12 +105,14 @@ async def start_ingress_process(
     ``nice`` and (``own_group``) in a scheduling group of its own."""
     port = free_port()
     sections = sections | {"server": {"host": "127.0.0.1", "port": port}}
-    process = start_botctl(sections | {"workers": {"run_turns": False}}, {}, log_path, own_group)
+    process = harness.start_botctl(
+        sections | {"workers": {"run_turns": False}}, {}, log_path, own_group
+    )
     try:
         if nice:
             set_nice(process.pid, nice, own_group)
         base = f"http://127.0.0.1:{port}"
-        await asyncio.to_thread(wait_until_up, process, f"{base}/readyz", log_path, 120)
+        await asyncio.to_thread(harness.wait_until_up, process, f"{base}/readyz", log_path, 120)
         return process, base
     except BaseException:
         process.kill()  # in a session of its own, no Ctrl-C of the benchmark reaches it
@@ -137,9 +122,9 @@ async def start_ingress_process(
 def row(rate: float, name: str, results: list[tuple[str, float, int]], lost: int | str) -> float:
     """Print one line; returns the ack p99 (ms) of the acknowledged messages."""
     acks = [ms for _, ms, status in results if status in (200, 202)]
-    p99 = percentile(acks, 99)
+    p50, p99 = harness.percentile(acks, 50), harness.percentile(acks, 99)
     print(
-        f"{rate:>6g}  {name:<8}  {len(results):>4}  {percentile(acks, 50):>10.1f}  {p99:>10.1f}"
+        f"{rate:>6g}  {name:<8}  {len(results):>4}  {p50:>10.1f}  {p99:>10.1f}"
         f"  {max(acks, default=float('nan')):>10.1f}  {len(results) - len(acks):>7}  {lost:>4}"
     )
     return p99
@@ -151,29 +136,31 @@ async def main(args: argparse.Namespace) -> None:
     if not channels or set(channels) - set(CHANNELS):
         raise SystemExit(f"--channels: pick from {', '.join(CHANNELS)}")
     workdir = Path(tempfile.mkdtemp(prefix="bench-load-"))
-    model, dtype = served_model(args)
+    model, dtype = harness.served_model(args)
     async with (
-        scratch_database(workdir, args.database) as db_url,
+        harness.scratch_database(workdir, args.database) as db_url,
         clients.process("fakes") as fakes,
     ):
         if args.ingress_process and is_sqlite(db_url):
             raise SystemExit("--ingress-process needs --database postgresql+asyncpg://...")
         urls = await fakes.ask({})
-        sections = service_sections(db_url, local_engine(model, dtype), args.max_tokens)
+        sections = harness.service_sections(
+            db_url, harness.local_engine(model, dtype), args.max_tokens
+        )
         # Replies paced as in production (the settings' defaults, the platforms' limits).
-        sections |= {"telegram": [telegram_bot(urls["telegram"])]}
-        sections |= {"slack": [slack_app(urls["slack"])]}
+        sections |= {"telegram": [harness.telegram_bot(urls["telegram"])]}
+        sections |= {"slack": [harness.slack_app(urls["slack"])]}
         settings = load_settings(None, **sections)
         engine = LocalVLLMEngine(settings.engine)
         await engine.start()
-        runner, base = await serve_on_loopback(await create_app(settings, engine=engine))
+        runner, base = await harness.serve_on_loopback(await create_app(settings, engine=engine))
         ingress: subprocess.Popen[bytes] | None = None
         try:
             if args.ingress_process:
                 ingress, base = await start_ingress_process(
                     sections, workdir / "ingress.log", args.ingress_nice, args.ingress_group
                 )
-            key = await bench_key(db_url, f"bench-{uuid.uuid4().hex[:6]}")
+            key = await harness.bench_key(db_url, f"bench-{uuid.uuid4().hex[:6]}")
             async with clients.process("arrivals", base, ",".join(channels), key=key) as client:
                 await measure(args, client, db_url, ingress is not None)
         finally:
@@ -188,9 +175,10 @@ async def measure(args: argparse.Namespace, client: Any, db_url: str, ingress: b
     channels = [c for c in args.channels.split(",") if c]
     database = "SQLite" if is_sqlite(db_url) else "PostgreSQL"
     print(f"# ack latency under open-loop load, {args.seconds:g} s a rate, {args.conversations}")
-    print(f"# conversations a channel, max_tokens={args.max_tokens}, {model_name(args)}, CPU,")
-    print(f"# {database}; load average {load_average()} at the start")
-    print(f"# engine in the service's process: {engine_processes()}")
+    print(
+        f"# conversations a channel, max_tokens={args.max_tokens}, {harness.model_name(args)}, CPU,"
+    )
+    print(f"# {database}; load average {harness.load_average()} at the start")
     if ingress:
         group = ", a scheduling group of its own" if args.ingress_group else ""
         print(f"# acks from an ingress-only `botctl serve` (nice {args.ingress_nice}{group})")
@@ -202,7 +190,7 @@ async def measure(args: argparse.Namespace, client: Any, db_url: str, ingress: b
     ):
         accepted[channel] += status in (200, 202)
     await drain(db_url, since, args.drain_s)
-    lag = LoopLag()
+    lag = harness.LoopLag()
     print("rate/s  channel   sent  ack_p50_ms  ack_p99_ms  ack_max_ms  refused  lost")
     first_over: float | None = None
     for rate in [float(r) for r in args.rates.split(",")]:
@@ -225,8 +213,8 @@ async def measure(args: argparse.Namespace, client: Any, db_url: str, ingress: b
         if still_open:
             print(f"{'':6}  {still_open} turns still open after --drain-s {args.drain_s:g}")
         print(
-            f"{'':6}  loop lag while they arrived: p50 {percentile(lags, 50):.1f}"
-            f" p99 {percentile(lags, 99):.1f} max {max(lags, default=0):.1f} ms"
+            f"{'':6}  loop lag while they arrived: p50 {harness.percentile(lags, 50):.1f}"
+            f" p99 {harness.percentile(lags, 99):.1f} max {max(lags, default=0):.1f} ms"
         )
         if first_over is None and p99 > ACK_P99_GOAL_MS:
             first_over = rate
@@ -234,7 +222,7 @@ async def measure(args: argparse.Namespace, client: Any, db_url: str, ingress: b
         print(f"ack p99 stayed within {ACK_P99_GOAL_MS:g} ms at every rate tried")
     else:
         print(f"ack p99 first passed {ACK_P99_GOAL_MS:g} ms at {first_over:g} messages/s")
-    print(f"load average {load_average()} at the end")
+    print(f"load average {harness.load_average()} at the end")
 
 
 if __name__ == "__main__":
@@ -251,7 +239,7 @@ if __name__ == "__main__":
     parser.add_argument(
         "--database", help="a PostgreSQL server's URL: the run gets a new database there"
     )
-    add_model_arguments(parser)
+    harness.add_model_arguments(parser)
     parser.add_argument(
         "--ingress-process",
         action="store_true",

@@ -36,19 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import harness
 import openai
-from harness import (
-    BLOCK_SIZE,
-    DEMO_MODEL_DIR,
-    POSTGRES,
-    USER_LINES,
-    bench_key,
-    percentile,
-    prefix_reuse,
-    scratch_database,
-    serve_on_loopback,
-    service_sections,
-)
 from sqlalchemy import func, select
 
 from bot.app import create_app
@@ -56,7 +45,7 @@ from bot.config import load_settings
 from bot.demo_model import build_demo_model
 from bot.log import configure_logging
 from bot.storage.db import create_engine, create_sessionmaker
-from bot.storage.models import Conversation, Turn
+from bot.storage.models import Conversation
 from bot.testing.vllm_servers import API_KEY, SERVED_MODEL_NAME, VLLMServer, launch, wait_ready
 
 SYSTEM_PROMPT = "You are a helpful assistant."
@@ -85,7 +74,7 @@ async def converse(
     results = []
     for turn in range(turns):
         # Each conversation starts differently so conversations share only the system prompt.
-        line = USER_LINES[(turn + index) % len(USER_LINES)]
+        line = harness.USER_LINES[(turn + index) % len(harness.USER_LINES)]
         messages.append({"role": "user", "content": f"[{index}] {line}" if turn == 0 else line})
         started = time.perf_counter()
         first: float | None = None
@@ -116,41 +105,25 @@ async def converse(
     return results
 
 
-@dataclass(frozen=True)
-class Summary:
-    share: float
-    cached: int
-    cacheable: int
-    recomputed_after_first: int
-    recomputed_by_turn: dict[int, float]
-    ttft_by_turn: dict[int, float]
+def summarise(chats: list[list[TurnResult]]) -> dict[str, Any]:
+    """The prefix-cache share, and per turn the mean tokens recomputed and the TTFT p50."""
+    usage = [[(t.prompt_tokens, t.completion_tokens, t.cached_tokens) for t in c] for c in chats]
+    cached, cacheable = harness.prefix_reuse(usage)
+    by_turn = [[chat[turn] for chat in chats] for turn in range(len(chats[0]))]
+    return {
+        "share": 100 * cached / max(1, cacheable),
+        "tokens": f"{cached}/{cacheable}",
+        "recomputed": sum(t.prompt_tokens - t.cached_tokens for ts in by_turn[1:] for t in ts),
+        "recomputed_by_turn": [
+            statistics.mean(t.prompt_tokens - t.cached_tokens for t in ts) for ts in by_turn
+        ],
+        "ttft_by_turn": [harness.percentile([t.ttft_ms for t in ts], 50) for ts in by_turn],
+    }
 
 
-def summarise(chats: list[list[TurnResult]]) -> Summary:
-    cached, cacheable = prefix_reuse(
-        [[(t.prompt_tokens, t.completion_tokens, t.cached_tokens) for t in chat] for chat in chats]
-    )
-    by_turn: dict[int, list[TurnResult]] = {}
-    for result in (result for chat in chats for result in chat):
-        by_turn.setdefault(result.turn, []).append(result)
-    return Summary(
-        share=100 * cached / max(1, cacheable),
-        cached=cached,
-        cacheable=cacheable,
-        recomputed_after_first=sum(
-            t.prompt_tokens - t.cached_tokens for turn, ts in by_turn.items() if turn for t in ts
-        ),
-        recomputed_by_turn={
-            turn: statistics.mean(t.prompt_tokens - t.cached_tokens for t in ts)
-            for turn, ts in by_turn.items()
-        },
-        ttft_by_turn={
-            turn: percentile([t.ttft_ms for t in ts], 50) for turn, ts in by_turn.items()
-        },
-    )
-
-
-async def run_all(client: openai.AsyncOpenAI, args: argparse.Namespace, **kw: Any) -> Summary:
+async def run_all(
+    client: openai.AsyncOpenAI, args: argparse.Namespace, **kw: Any
+) -> dict[str, Any]:
     chats = await asyncio.gather(
         *(
             converse(client, index=i, turns=args.turns, max_tokens=args.max_tokens, **kw)
@@ -161,19 +134,9 @@ async def run_all(client: openai.AsyncOpenAI, args: argparse.Namespace, **kw: An
 
 
 def service_settings(db_url: str, model: Path, server: VLLMServer, max_tokens: int) -> Any:
-    engine = server.engine_section() | {"model": str(model), "block_size": BLOCK_SIZE}
-    sections = service_sections(db_url, engine, max_tokens)
+    engine = server.engine_section() | {"model": str(model), "block_size": harness.BLOCK_SIZE}
+    sections = harness.service_sections(db_url, engine, max_tokens)
     return load_settings(None, **sections, chat={"system_prompt": SYSTEM_PROMPT})
-
-
-def print_layers(layer_ms: list[dict[str, Any]]) -> None:
-    """Where the service's time went, mean over its turns (the row's ``layer_ms``)."""
-    names = sorted({name for row in layer_ms for name in row if row.get(name) is not None})
-    means = {
-        name: statistics.mean(row[name] for row in layer_ms if row.get(name) is not None)
-        for name in names
-    }
-    print("service layers, mean ms: " + ", ".join(f"{n} {v:.1f}" for n, v in means.items()))
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -184,12 +147,12 @@ async def main(args: argparse.Namespace) -> None:
     stack = contextlib.AsyncExitStack()
     try:
         await asyncio.to_thread(wait_ready, server, time.monotonic())
-        server_url = POSTGRES if args.postgres else None
-        db_url = await stack.enter_async_context(scratch_database(workdir, server_url))
+        server_url = harness.POSTGRES if args.postgres else None
+        db_url = await stack.enter_async_context(harness.scratch_database(workdir, server_url))
         settings = service_settings(db_url, model, server, args.max_tokens)
         app = await create_app(settings)
-        runner, base = await serve_on_loopback(app)
-        key = await bench_key(db_url, "bench")
+        runner, base = await harness.serve_on_loopback(app)
+        key = await harness.bench_key(db_url, "bench")
 
         service_client = openai.AsyncOpenAI(base_url=f"{base}/v1", api_key=key, max_retries=0)
         vllm_client = openai.AsyncOpenAI(
@@ -213,7 +176,6 @@ async def main(args: argparse.Namespace) -> None:
         db = create_engine(db_url)
         async with create_sessionmaker(db)() as session:
             conversations = await session.scalar(select(func.count()).select_from(Conversation))
-            layer_ms = [t.layer_ms for t in (await session.scalars(select(Turn))).all()]
         await db.dispose()
         await runner.cleanup()
     finally:
@@ -231,22 +193,20 @@ async def main(args: argparse.Namespace) -> None:
     )
     print("                                      service        plain vLLM")
     print(
-        f"cached share of prev prompt+reply   {service.share:>8.1f} %    {vllm.share:>8.1f} %"
-        f"   (turns 2..{args.turns}; {service.cached}/{service.cacheable}"
-        f" vs {vllm.cached}/{vllm.cacheable})"
+        f"cached share of prev prompt+reply   {service['share']:>8.1f} %    {vllm['share']:>8.1f} %"
+        f"   (turns 2..{args.turns}; {service['tokens']} vs {vllm['tokens']})"
     )
     print(
-        f"prompt tokens recomputed, turns 2.. {service.recomputed_after_first:>8}      "
-        f"{vllm.recomputed_after_first:>8}"
+        f"prompt tokens recomputed, turns 2.. {service['recomputed']:>8}      "
+        f"{vllm['recomputed']:>8}"
     )
     print("turn   recomputed(mean) service / vLLM   TTFT p50 ms service / vLLM")
-    for turn in sorted(service.ttft_by_turn):
+    for turn in range(args.turns):
         print(
-            f"{turn + 1:>4}   {service.recomputed_by_turn[turn]:>12.1f} / "
-            f"{vllm.recomputed_by_turn[turn]:<12.1f}   {service.ttft_by_turn[turn]:>10.1f} / "
-            f"{vllm.ttft_by_turn[turn]:.1f}"
+            f"{turn + 1:>4}   {service['recomputed_by_turn'][turn]:>12.1f} / "
+            f"{vllm['recomputed_by_turn'][turn]:<12.1f}   {service['ttft_by_turn'][turn]:>10.1f} / "
+            f"{vllm['ttft_by_turn'][turn]:.1f}"
         )
-    print_layers(layer_ms)
 
 
 if __name__ == "__main__":
@@ -256,6 +216,6 @@ if __name__ == "__main__":
     parser.add_argument("--conversations", type=int, default=4)
     parser.add_argument("--turns", type=int, default=10)
     parser.add_argument("--max-tokens", type=int, default=32)
-    parser.add_argument("--model-dir", default=str(DEMO_MODEL_DIR))
+    parser.add_argument("--model-dir", default=str(harness.DEMO_MODEL_DIR))
     parser.add_argument("--postgres", action="store_true", help="store on the local PostgreSQL")
     asyncio.run(main(parser.parse_args()))

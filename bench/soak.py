@@ -1,24 +1,16 @@
 """Soak: is every accepted message answered once, whatever fails?
 
-Real ``botctl serve`` workers (one on SQLite, several on PostgreSQL) with one vLLM server
-(the demo model) behind a fault proxy hold conversations on the four ways in (the HTTP API,
-Telegram's webhook, Slack's Events API, the signed generic webhook; the platforms played by
-the strict fakes of ``bot.testing`` and a recording receiver) for ``--minutes``, while
-faults come at random:
-
-* database: a share of the workers' writes fail like a dropped connection, another session
-  locks the turns table (the SQLite file) longer than a write may wait, and on PostgreSQL
-  every connection is cut now and then (a database restart as the workers see it);
-* engine: streams cut mid-reply, and the engine gone for a few seconds (every connection
-  reset, new ones refused: a restarted vLLM server without the half minute it costs);
-* platforms: Telegram 5xx and 429, Slack ``ratelimited``, the webhook receiver 503 and 429;
-* workers: one is SIGKILLed now and then and started again under the same id.
-
-Then faults and messages stop and the workers get ``--settle-s`` to end what they accepted.
-Per channel: sent, accepted, done, failed, stuck (accepted, not final after the settle
-time), answered twice (a turn with two ``turn`` log lines, a webhook message with two
-answers, a chat shown more replies or more failure notices than it sent messages), ack
-p50 / p99; then failures by error class and the faults injected. Exit status 1 when stuck
+Real ``botctl serve`` workers (one on SQLite, several on PostgreSQL) and one vLLM server
+behind a fault proxy hold conversations on the four ways in (the API, Telegram, Slack, the
+signed webhook; the platforms played by ``bot.testing``'s strict fakes) for ``--minutes``
+while faults come at random: a share of the workers' database writes fail like a dropped
+connection, another session locks the turns table (the SQLite file) longer than a write
+waits, PostgreSQL connections are cut, engine streams are cut mid-reply and the engine is
+gone for seconds, Telegram answers 5xx and 429, Slack ``ratelimited``, the webhook receiver
+503 and 429, and a worker is SIGKILLed and started again. Then the faults and messages stop
+and the workers get ``--settle-s``. Per channel: sent, accepted, done, failed, stuck
+(accepted, never final), answered twice (two ``turn`` log lines, or more replies or failure
+notices on the platform than messages sent there), ack p50 / p99. Exit status 1 when stuck
 or answered twice is not 0.
 
 Run:  .venv/bin/python bench/soak.py --database sqlite --minutes 1
@@ -42,40 +34,19 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import asyncpg
+import harness
 from aiohttp import web
-from harness import (
-    DEMO_MODEL_DIR,
-    POSTGRES,
-    SLACK_CHANNEL,
-    TELEGRAM_BOT,
-    USER_LINES,
-    bench_key,
-    close_platforms,
-    open_platforms,
-    percentile,
-    scratch_database,
-    service_sections,
-    slack_app,
-    slack_headers,
-    slack_mention,
-    start_botctl,
-    telegram_bot,
-    telegram_headers,
-    telegram_update,
-    wait_until_up,
-)
 from sqlalchemy import event, select
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import OperationalError
 
-from bot.channels.webhook.signing import signed_headers
 from bot.demo_model import build_demo_model
 from bot.errors import USER_MESSAGES
 from bot.storage.db import create_engine, create_sessionmaker
@@ -86,10 +57,9 @@ from bot.testing.vllm_servers import free_port, launch, wait_ready
 from bot.turns.claims import INTERRUPTED_APOLOGY
 
 CHANNELS = ("api", "telegram", "slack", "webhook")
-LINES = [*USER_LINES, "A NUL byte: a\u0000b, which PostgreSQL cannot store."]
+LINES = [*harness.USER_LINES, "A NUL byte: a\u0000b, which PostgreSQL cannot store."]
 NOTICES = frozenset({*USER_MESSAGES.values(), INTERRUPTED_APOLOGY})
 """What the service says instead of (or after) a reply."""
-WEBHOOK = {"name": "soak", "secret": "soak-webhook-secret-0123456789"}
 BURST_SHARE = 0.3
 """Share of later messages sent as two at once (the second queues behind the first)."""
 DELIVERY_RETRY_FOR_S = 90.0
@@ -175,12 +145,7 @@ class EngineProxy:
             for side in (writer, up_writer):
                 side.transport.abort()
 
-    async def _pipe(
-        self,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
-        budget: float | None = None,
-    ) -> None:
+    async def _pipe(self, reader: Any, writer: Any, budget: float | None = None) -> None:
         sent = 0
         with contextlib.suppress(OSError):
             while data := await reader.read(16 * 1024):
@@ -273,11 +238,13 @@ class Workers:
             sections = self._sections | {"server": server}
             sections["workers"] = sections["workers"] | {"id": name}
             env = self._env | {"SOAK_DB_FAULT_SEED": str(self.started)}
-            process = start_botctl(sections, env, log, argv=[sys.executable, __file__, "--worker"])
+            process = harness.start_botctl(
+                sections, env, log, argv=[sys.executable, __file__, "--worker"]
+            )
             self.processes[name] = process
             try:
                 url = f"http://127.0.0.1:{port}"
-                await asyncio.to_thread(wait_until_up, process, f"{url}/healthz", log, 180)
+                await asyncio.to_thread(harness.wait_until_up, process, f"{url}/healthz", log, 180)
                 self.live[name] = url
                 return
             except RuntimeError:
@@ -327,73 +294,6 @@ class Workers:
 # -- the conversations ---------------------------------------------------------------------
 
 
-class Channels:
-    """Each way in: a message as its platform delivers it, and the answers its platform got."""
-
-    def __init__(self, key: str, telegram: FakeTelegram, slack: FakeSlackApi) -> None:
-        self._key, self.telegram, self.slack = key, telegram, slack
-        self._numbers = itertools.count(1)
-
-    def new_chat(self, channel: str) -> str:
-        number = next(self._numbers)
-        if channel == "telegram":
-            return str(200_000_000 + number)
-        if channel == "slack":  # the thread's root message ts
-            return f"{int(time.time())}.{900_000 + number:06d}"
-        return f"{channel}-c{number}"
-
-    def message(
-        self, channel: str, chat: str, index: int, part: int, text: str
-    ) -> tuple[Sent, str, bytes, dict[str, str]]:
-        """The chat's message ``index`` (``part`` of a burst), and the path, body and headers
-        to deliver it with."""
-        number = next(self._numbers)
-        message_id = f"{chat}-{index}-{part}"  # unique per integration: the webhook's dedupe key
-        if channel == "telegram":
-            body = telegram_update(600_000_000 + number, int(chat), text)
-            sent = Sent(channel, chat, str(600_000_000 + number))
-            return sent, f"/telegram/{TELEGRAM_BOT}", body, telegram_headers()
-        if channel == "slack":  # the first message of a conversation is its thread's root
-            ts = chat if index == 0 else f"{int(time.time())}.{number:06d}"
-            event_id = f"Ev{number:08d}SOAK"
-            body = slack_mention(event_id, ts, None if ts == chat else chat, text)
-            sent = Sent(channel, f"{SLACK_CHANNEL}:{chat}", event_id)
-            return sent, "/slack/events", body, slack_headers(body)
-        body = json.dumps({"conversation_id": chat, "message_id": message_id, "text": text})
-        if channel == "webhook":
-            headers = signed_headers(WEBHOOK["secret"], body.encode())
-            return (
-                Sent(channel, chat, message_id),
-                f"/webhooks/{WEBHOOK['name']}",
-                body.encode(),
-                headers,
-            )
-        headers = {"Authorization": f"Bearer {self._key}", "Content-Type": "application/json"}
-        return Sent(channel, chat, message_id), "/v1/messages", body.encode(), headers
-
-    def shown(self, channel: str, receiver: WebhookReceiver) -> list[tuple[str, str]]:
-        """(chat or webhook message id, text) of every message the bot left on the platform."""
-        if channel == "telegram":
-            calls = self.telegram.calls_of("sendMessage")
-            return [(str(c.chat_id), str(c.params.get("text", ""))) for c in calls if c.ok]
-        if channel == "slack":
-            shown = []
-            for call in self.slack.calls:
-                if call.ok and call.method in ("chat.postMessage", "chat.startStream"):
-                    channel_id, ts = str(call.args.get("channel")), str(call.response.get("ts"))
-                    message = self.slack.messages.get((channel_id, ts))
-                    chat = f"{channel_id}:{call.args.get('thread_ts')}"
-                    shown.append((chat, message.text if message is not None else ""))
-            return shown
-        if channel == "webhook":
-            return [
-                (str(doc.get("in_reply_to")), str(doc.get("text") or doc.get("message") or ""))
-                for doc in receiver.delivered.values()
-                if doc.get("type") in ("final", "error")
-            ]
-        return []  # the API has no platform: its stream ends in the turn's final event
-
-
 async def deliver(
     http: aiohttp.ClientSession, workers: Workers, rng: random.Random, sent: Sent, request: Any
 ) -> None:
@@ -435,16 +335,60 @@ class Soak:
     """What the users, the fault injector and the report share."""
 
     args: argparse.Namespace
-    http: aiohttp.ClientSession
-    workers: Workers
-    channels: Channels
-    receiver: WebhookReceiver
-    proxy: EngineProxy
+    key: str
     db_url: str
+    workers: Workers
+    proxy: EngineProxy
+    telegram: FakeTelegram
+    slack: FakeSlackApi
+    receiver: WebhookReceiver
+    http: aiohttp.ClientSession
     stop_at: float
     sents: list[Sent] = field(default_factory=list)
     status: dict[str, tuple[str, str | None]] = field(default_factory=dict)
     """Turn id -> (status, error class), as last read."""
+    numbers: Iterator[int] = field(default_factory=itertools.count)
+
+    def new_chat(self, channel: str) -> str:
+        number = next(self.numbers)
+        if channel == "telegram":
+            return str(200_000_000 + number)
+        if channel == "slack":  # the thread's root message ts
+            return f"{int(time.time())}.{900_000 + number:06d}"
+        return f"{channel}-c{number}"
+
+    def message(
+        self, channel: str, chat: str, index: int, text: str
+    ) -> tuple[Sent, str, bytes, dict[str, str]]:
+        """The chat's message ``index``, and the path, body and headers to deliver it with."""
+        number = next(self.numbers)
+        path, body, headers, event_id = harness.platform_request(
+            channel, number, chat, text, self.key, root=index == 0
+        )
+        shown_in = f"{harness.SLACK_CHANNEL}:{chat}" if channel == "slack" else chat
+        return Sent(channel, shown_in, event_id), path, body, headers
+
+    def shown(self, channel: str) -> list[tuple[str, str]]:
+        """(chat or webhook message id, text) of every message the bot left on the platform."""
+        if channel == "telegram":
+            calls = self.telegram.calls_of("sendMessage")
+            return [(str(c.chat_id), str(c.params.get("text", ""))) for c in calls if c.ok]
+        if channel == "slack":
+            shown = []
+            for call in self.slack.calls:
+                if call.ok and call.method in ("chat.postMessage", "chat.startStream"):
+                    channel_id, ts = str(call.args.get("channel")), str(call.response.get("ts"))
+                    message = self.slack.messages.get((channel_id, ts))
+                    chat = f"{channel_id}:{call.args.get('thread_ts')}"
+                    shown.append((chat, message.text if message is not None else ""))
+            return shown
+        if channel == "webhook":
+            return [
+                (str(doc.get("in_reply_to")), str(doc.get("text") or doc.get("message") or ""))
+                for doc in self.receiver.delivered.values()
+                if doc.get("type") in ("final", "error")
+            ]
+        return []  # the API has no platform: its stream ends in the turn's final event
 
     async def follow(self) -> None:
         """Each accepted message's turn, and whether it is final (one engine for the run)."""
@@ -466,7 +410,7 @@ class Soak:
                     InboundEvent.event_id.in_(ids)
                 )
             )
-            turn_of = dict(rows.tuples().all())
+            turn_of = {event_id: turn_id for event_id, turn_id in rows}
             for sent in pending:
                 sent.turn_id = sent.turn_id or turn_of.get(sent.event_id)
             rows = await session.execute(
@@ -474,7 +418,7 @@ class Soak:
                     Turn.id.in_([s.turn_id for s in pending if s.turn_id])
                 )
             )
-            self.status.update((turn_id, (state, error)) for turn_id, state, error in rows.tuples())
+            self.status.update((turn_id, (state, error)) for turn_id, state, error in rows)
         for sent in pending:
             sent.final = self.status.get(sent.turn_id or "", ("",))[0] in TurnStatus.FINAL
 
@@ -482,14 +426,14 @@ class Soak:
         """One user of the channel: conversations of a few turns until the run stops, each
         message once the last one's turn is final (or ``TURN_WAIT_S`` passed)."""
         while time.monotonic() < self.stop_at:
-            chat = self.channels.new_chat(channel)
+            chat = self.new_chat(channel)
             for index in range(self.args.turns_per_conversation):
                 if time.monotonic() >= self.stop_at:
                     return
                 mine = []
-                for part in range(2 if index and rng.random() < BURST_SHARE else 1):
+                for _ in range(2 if index and rng.random() < BURST_SHARE else 1):
                     text = rng.choice(LINES)
-                    sent, *request = self.channels.message(channel, chat, index, part, text)
+                    sent, *request = self.message(channel, chat, index, text)
                     self.sents.append(sent)
                     mine.append(sent)
                     await deliver(self.http, self.workers, rng, sent, request)
@@ -512,7 +456,7 @@ class Soak:
             faults[name] += 1
             background.add(asyncio.create_task(run()))
 
-        telegram, slack = self.channels.telegram, self.channels.slack
+        telegram, slack = self.telegram, self.slack
         while time.monotonic() < self.stop_at:
             await asyncio.sleep(1.0)
             if chance(args.kill_every_s) and len(self.workers.live) == len(self.workers.ports):
@@ -556,15 +500,17 @@ def report(soak: Soak, faults: Counter[str]) -> int:
     for channel in CHANNELS:
         mine = [s for s in soak.sents if s.channel == channel]
         accepted = [s for s in mine if s.accepted]
-        states = [soak.status.get(s.turn_id or "", ("", None))[0] for s in accepted]
+        turn_ids = [s.turn_id for s in accepted if s.turn_id in soak.status]
+        states = [soak.status[turn_id][0] for turn_id in turn_ids]
         failed_by.update(
-            str(soak.status[s.turn_id][1]) for s in accepted if s.turn_id in soak.status
-            and soak.status[s.turn_id][0] == TurnStatus.FAILED
-        )  # fmt: skip
+            str(error)
+            for state, error in map(soak.status.get, turn_ids)
+            if state == TurnStatus.FAILED
+        )
         # Replies and failure notices per chat (a Telegram chat, a Slack thread, a webhook
         # message): more of either than messages sent there is an answer given twice.
         answers: Counter[tuple[str, str]] = Counter()
-        for chat, text in soak.channels.shown(channel, soak.receiver):
+        for chat, text in soak.shown(channel):
             answers[chat, "notice" if any(n in text for n in NOTICES) else "reply"] += 1
         per_chat = Counter(s.event_id if channel == "webhook" else s.chat for s in accepted)
         doubled = sum(max(0, n - per_chat[chat]) for (chat, _), n in answers.items())
@@ -575,8 +521,8 @@ def report(soak: Soak, faults: Counter[str]) -> int:
         print(
             f"{channel:<8} {len(mine):>5}  {len(accepted):>8}  "
             f"{states.count(TurnStatus.DONE):>4}  {states.count(TurnStatus.FAILED):>6}  "
-            f"{not_final:>5}  {doubled:>5}  {percentile(acks, 50):>10.1f}  "
-            f"{percentile(acks, 99):>10.1f}"
+            f"{not_final:>5}  {doubled:>5}  {harness.percentile(acks, 50):>10.1f}  "
+            f"{harness.percentile(acks, 99):>10.1f}"
         )
     by_class = ", ".join(f"{error} {n}" for error, n in failed_by.most_common()) or "none"
     print(f"failed by error class: {by_class}")
@@ -593,20 +539,20 @@ async def main(args: argparse.Namespace) -> int:
     print(f"# logs in {workdir}", flush=True)
     model = build_demo_model(Path(args.model_dir))
     server = launch(model, workdir, core=0)
-    postgres = POSTGRES if args.database == "postgres" else None
+    postgres = harness.POSTGRES if args.database == "postgres" else None
     # Replies paced faster than the real platforms allow, so that a minute holds many turns.
     telegram = FakeTelegram(flood_interval_private_s=0.02, flood_interval_group_s=0.04)
     slack, receiver, stop_file = FakeSlackApi(), WebhookReceiver(), workdir / "faults-stop"
     async with contextlib.AsyncExitStack() as stack:
         stack.callback(server.stop)
-        db_url = await stack.enter_async_context(scratch_database(workdir, postgres))
-        key = await bench_key(db_url, "soak")
+        db_url = await stack.enter_async_context(harness.scratch_database(workdir, postgres))
+        key = await harness.bench_key(db_url, "soak")
         await asyncio.to_thread(wait_ready, server, time.monotonic())
         proxy = EngineProxy(server.port, args.engine_cut_every_kb, random.Random(args.seed))
         proxy_server = await proxy.start()
         stack.callback(proxy_server.close)
-        urls = await open_platforms(telegram, slack)
-        stack.push_async_callback(close_platforms, telegram, slack)
+        urls = await harness.open_platforms(telegram, slack)
+        stack.push_async_callback(harness.close_platforms, telegram, slack)
         runner = web.AppRunner(receiver.app, access_log=None)
         await runner.setup()
         stack.push_async_callback(runner.cleanup)
@@ -617,14 +563,14 @@ async def main(args: argparse.Namespace) -> int:
         hook = {"callback_url": f"http://127.0.0.1:{port}/hook", "allow_http_callback": True}
         hook |= {"chunk_interval_s": 0.05, "retry_backoff_s": 0.2, "retry_for_s": 10.0}
         slack_paced = {"stream_interval_s": 0.05, "update_interval_s": 0.05}
-        sections = service_sections(db_url, engine, args.max_tokens) | {
+        sections = harness.service_sections(db_url, engine, args.max_tokens) | {
             "server": {"shutdown_grace_s": 5},
             "workers": {"lease_s": 3, "poll_interval_s": 0.3, "watchdog_grace_s": 3},
             "tenancy": {"cache_salt_secret": "soak-cache-salt-secret"},
             "logging": {"level": "INFO", "format": "json"},  # the `turn` lines are counted
-            "telegram": [telegram_bot(urls["telegram"], max_flood_wait_s=5.0, **paced)],
-            "slack": [slack_app(urls["slack"], post_interval_s=0.05, **slack_paced)],
-            "webhooks": [WEBHOOK | hook],
+            "telegram": [harness.telegram_bot(urls["telegram"], max_flood_wait_s=5.0, **paced)],
+            "slack": [harness.slack_app(urls["slack"], post_interval_s=0.05, **slack_paced)],
+            "webhooks": [harness.WEBHOOK | hook],
         }
         env = {"PYTHONUNBUFFERED": "1", "SOAK_DB_FAULT_RATE": str(args.db_fault_rate)}
         env["SOAK_DB_FAULT_STOP"] = str(stop_file)
@@ -634,8 +580,7 @@ async def main(args: argparse.Namespace) -> int:
         await asyncio.gather(*(workers.start(name) for name in names))
         http = await stack.enter_async_context(aiohttp.ClientSession())
         stop_at = time.monotonic() + args.minutes * 60
-        channels = Channels(key, telegram, slack)
-        soak = Soak(args, http, workers, channels, receiver, proxy, db_url, stop_at)
+        soak = Soak(args, key, db_url, workers, proxy, telegram, slack, receiver, http, stop_at)
         follower = asyncio.create_task(soak.follow())
         users = [
             soak.converse(channel, random.Random(rng.random()))
@@ -658,7 +603,6 @@ async def main(args: argparse.Namespace) -> int:
         )
         faults.update(engine_streams_cut=proxy.cuts)
         return report(soak, faults)
-    return 1
 
 
 def parse_args() -> argparse.Namespace:
@@ -680,7 +624,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--kill-every-s", type=float, default=40.0)
     parser.add_argument("--fault-scale", type=float, default=1.0, help="x every fault rate")
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--model-dir", default=str(DEMO_MODEL_DIR))
+    parser.add_argument("--model-dir", default=str(harness.DEMO_MODEL_DIR))
     return parser.parse_args()
 
 
