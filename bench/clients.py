@@ -1,20 +1,17 @@
 """The processes a benchmark runs beside the service, so that building, parsing and timing
-requests does not share the service's event loop (``harness.JsonLinesProcess``):
+requests does not share the service's event loop (``harness.JsonLinesProcess``); the API
+key comes in ``BENCH_KEY``, never on the command line:
 
 * ``chats BASE_URL`` (bench/turns.py): per ``{"conversations", "turns", "pause_s"}`` line,
-  N conversations x T turns over the HTTP API, each turn ``POST /v1/messages`` then its
-  event stream read to the end; answers ``{"conversations": [[turn, ...], ...], "wall_s"}``.
-  With a pause each chat waits before its next message as a person would (exponential,
-  that mean, seeded per chat): the chats' turns then no longer start, and end, in step.
+  the conversations over the API, each turn ``POST /v1/messages`` then its event stream
+  read to the end, each chat pausing before its next message as a person would (``pause_s``
+  mean, exponential); answers ``{"conversations": [[turn, ...], ...], "wall_s"}``.
 * ``arrivals BASE_URL CHANNELS`` (bench/load.py): per ``{"rate", "seconds",
   "conversations", "run"}`` line, open-loop Poisson arrivals, each message leaving at its
-  scheduled time whatever the earlier ones are doing (a client that waited for each ack
-  would hide a slow ack behind its own pacing), in turn over the channels; answers
-  ``[[channel, ack ms, HTTP status], ...]``.
-* ``fakes`` (bench/load.py): the strict Telegram and Slack fakes the turns' replies go to,
+  time whatever the earlier ones are doing (waiting for each ack would hide a slow ack
+  behind the client's own pacing); answers ``[[channel, ack ms, HTTP status], ...]``.
+* ``fakes`` (bench/load.py): the strict Telegram and Slack fakes the replies go to,
   answering any line with their base URLs.
-
-The API key comes in ``BENCH_KEY``, never on the command line.
 """
 
 from __future__ import annotations

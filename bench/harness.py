@@ -320,6 +320,7 @@ SLACK_USER = "U0001ALICE"
 SLACK_CHANNEL = "C0001BENCH"
 SLACK_SIGNING_SECRET = "8f742231b10e8888abcd99yyyzzz85a5"
 WEBHOOK = {"name": "bench", "secret": "bench-webhook-secret-0123456789"}
+JSON = {"Content-Type": "application/json"}
 
 
 @cache
@@ -329,70 +330,43 @@ def fixture(channel: str, name: str) -> dict[str, Any]:
     return loaded
 
 
-def telegram_update(update_id: int, chat_id: int, text: str) -> bytes:
-    """A private chat's text message (``update_id`` is what Telegram deduplicates on)."""
-    update = copy.deepcopy(fixture("telegram", "private_text.json"))
-    update["update_id"] = update_id
-    message = update["message"]
-    message["message_id"] = update_id % 1_000_000
-    message["chat"]["id"] = message["from"]["id"] = chat_id
-    message.update(text=text, date=int(time.time()))
-    return json.dumps(update).encode()
-
-
-def telegram_headers() -> dict[str, str]:
-    return {"X-Telegram-Bot-Api-Secret-Token": TELEGRAM_SECRET, "Content-Type": "application/json"}
-
-
-def slack_mention(event_id: str, ts: str, thread_ts: str | None, text: str) -> bytes:
-    """A mention of the bot in ``SLACK_CHANNEL``: a reply in thread ``thread_ts``, or (None)
-    the root of a new thread."""
-    body = copy.deepcopy(fixture("slack", "app_mention.json"))
-    body.update(event_id=event_id, event_time=int(time.time()))
-    event = body["event"]
-    event.update(ts=ts, event_ts=ts, channel=SLACK_CHANNEL, user=SLACK_USER)
-    event["text"] = f"<@{SLACK_BOT_USER}> {text}"
-    event.pop("blocks", None)
-    if thread_ts is not None:
-        event["thread_ts"] = thread_ts
-    return json.dumps(body).encode()
-
-
-def slack_headers(raw: bytes) -> dict[str, str]:
-    """Signed now: a retry signs again, as Slack does."""
-    now = str(int(time.time()))
-    signature = SignatureVerifier(SLACK_SIGNING_SECRET).generate_signature(
-        timestamp=now, body=raw.decode()
-    )
-    return {
-        "Content-Type": "application/json",
-        "X-Slack-Request-Timestamp": now,
-        "X-Slack-Signature": signature or "",
-    }
-
-
 def platform_request(
     channel: str, number: int, chat: str, text: str, key: str = "", root: bool = False
 ) -> tuple[str, bytes, dict[str, str], str]:
     """Message ``number`` (unique in the run) to ``chat`` as ``channel`` delivers it: the
     path, body and headers to POST, and the id the service deduplicates it on. ``chat`` is a
-    Telegram chat id, a Slack thread's root ts (``root``: this message is that root), or a
-    conversation id (the API with ``key``, the generic webhook)."""
+    Telegram private chat's id, a Slack thread's root ts in ``SLACK_CHANNEL`` (``root``: this
+    message is that root), or a conversation id (the API with ``key``, the generic webhook)."""
+    now = int(time.time())
     if channel == "telegram":
-        update_id = 600_000_000 + number
-        body = telegram_update(update_id, int(chat), text)
-        return f"/telegram/{TELEGRAM_BOT}", body, telegram_headers(), str(update_id)
+        update = copy.deepcopy(fixture("telegram", "private_text.json"))
+        update["update_id"] = update_id = 600_000_000 + number
+        message = update["message"]
+        message.update(message_id=number, text=text, date=now)
+        message["chat"]["id"] = message["from"]["id"] = int(chat)
+        headers = {"X-Telegram-Bot-Api-Secret-Token": TELEGRAM_SECRET, **JSON}
+        return f"/telegram/{TELEGRAM_BOT}", json.dumps(update).encode(), headers, str(update_id)
     if channel == "slack":
-        event_id, ts = f"Ev{number:08d}", chat if root else f"{int(time.time())}.{number:06d}"
-        body = slack_mention(event_id, ts, None if root else chat, text)
-        return "/slack/events", body, slack_headers(body), event_id
+        body = copy.deepcopy(fixture("slack", "app_mention.json"))
+        body.update(event_id=(event_id := f"Ev{number:08d}"), event_time=now)
+        event, ts = body["event"], chat if root else f"{now}.{number:06d}"
+        event.update(ts=ts, event_ts=ts, channel=SLACK_CHANNEL, user=SLACK_USER)
+        event["text"] = f"<@{SLACK_BOT_USER}> {text}"
+        event.pop("blocks", None)
+        if not root:
+            event["thread_ts"] = chat
+        raw = json.dumps(body).encode()
+        signature = SignatureVerifier(SLACK_SIGNING_SECRET).generate_signature(
+            timestamp=str(now), body=raw.decode()
+        )
+        headers = {"X-Slack-Request-Timestamp": str(now), "X-Slack-Signature": signature or ""}
+        return "/slack/events", raw, headers | JSON, event_id
     message_id = f"{chat}-m{number}"
     body = json.dumps({"conversation_id": chat, "message_id": message_id, "text": text}).encode()
     if channel == "webhook":
         headers = signed_headers(WEBHOOK["secret"], body)
         return f"/webhooks/{WEBHOOK['name']}", body, headers, message_id
-    headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
-    return "/v1/messages", body, headers, message_id
+    return "/v1/messages", body, {"Authorization": f"Bearer {key}", **JSON}, message_id
 
 
 def telegram_bot(api_base_url: str, **overrides: Any) -> dict[str, Any]:

@@ -1,24 +1,18 @@
-"""Benchmark: how fast the service acknowledges messages while the engine is busy.
+"""Benchmark: does the service answer the platforms in time while the engine generates?
 
-Open-loop (Poisson) arrivals at each rate, spread over many conversations and, in turn,
-over the ways in (``--channels``): ``POST /v1/messages`` with an API key, Telegram's
-webhook with its secret header and Slack's signed Events API, while the turns they
-create generate on the real engine in the service's process. The arrivals come from a
-client process of its own, and the turns' replies go to the strict platform fakes in
-another (bench/clients.py): this process only serves, as in production.
+Open-loop (Poisson) arrivals at each rate over many conversations and, in turn, over the
+ways in (``--channels``): the API with a key, Telegram's webhook, Slack's signed Events API,
+from a client process of its own; the turns they start generate on the real engine in this
+process, and their replies go to the strict platform fakes in a third (bench/clients.py).
+Per rate: messages sent, ack p50 / p99 / max, refused, lost (acknowledged and never final
+once the engine has drained: must be 0; "?" while turns are still open after ``--drain-s``),
+overall, for the conversations' first messages and the later ones and by channel; the
+loop's lag while they arrived; last, the first rate whose ack p99 passed the goal.
 
-Prints, per rate: messages sent, ack p50/p99/max, refused (not acknowledged) and lost
-(acknowledged, and no final turn once the engine has drained: must be 0; "?" while
-turns are still open after ``--drain-s``), overall, for the conversations' first
-messages (each creates its conversation, all in the first second) and the later ones,
-and by channel; then the service loop's lag while they arrived (how late a handler could
-start); last, the first rate whose ack p99 passed the goal.
-
-``--ingress-process`` (PostgreSQL) acknowledges in a process of its own: a real ``botctl
-serve`` with ``workers.run_turns = false`` takes the arrivals, stores them and answers,
-and this process, woken by each accept's ``pg_notify``, runs the turns (docs/scaling.md);
-``--ingress-nice -10 --ingress-group`` run it as deploy/bot-ingress.service does (needs
-root).
+``--ingress-process`` (PostgreSQL) acknowledges in a real ``botctl serve`` of its own with
+``workers.run_turns = false``, and this process, woken by each accept's ``pg_notify``, runs
+the turns (docs/scaling.md); ``--ingress-nice -10 --ingress-group`` run it as
+deploy/bot-ingress.service does (needs root).
 
 Run:  .venv/bin/python bench/load.py --rates 100 --seconds 8 --model data/smollm2
       .venv/bin/python bench/load.py --rates 100 --seconds 8 --model data/smollm2 \\

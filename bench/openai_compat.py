@@ -1,26 +1,15 @@
-"""Benchmark: the same OpenAI client, the same 10-turn chats, this service vs a plain vLLM server.
+"""Benchmark: the same OpenAI client and chats, this service against a plain vLLM server.
 
-Both sides get exactly what an OpenAI client sends: the whole conversation as
-text on every call (``/v1/chat/completions``, streamed, with usage).
-
-* ``vllm``: a plain vLLM OpenAI server (``--enable-prompt-tokens-details``)
-  re-tokenizes the text history on every call.
-* ``service``: this service, whose engine is *that same vLLM server* (driven
-  with token ids), matches the text history to the stored conversation and
-  extends its exact token ids.
-
-Same server, same model, same prompts: only the path differs. The two runs use
-different ``cache_salt`` values so neither profits from the other's cache.
-
-Prints, side by side: the share of the previous prompt + reply's full blocks
-served from the prefix cache (turns 2..T), prompt tokens recomputed per turn
-(prompt - cached) and TTFT by turn (p50 over conversations, measured by the
-client: request sent -> first content chunk).
+Both get what an OpenAI client sends: the whole conversation as text on every call
+(``/v1/chat/completions``, streamed, with usage). The plain server (``vllm``) re-tokenizes
+that text every call; the service, whose engine is that same server (driven with token
+ids), matches it to the stored conversation and extends its exact token ids. The two runs
+use different ``cache_salt`` values. Prints side by side the share of the previous prompt
++ reply's full blocks served from the prefix cache, prompt tokens recomputed and the
+client's TTFT by turn. ``--postgres`` stores on a database of its own on the local
+PostgreSQL (``BOT_TEST_POSTGRES_DSN``), dropped afterwards.
 
 Run:  .venv/bin/python bench/openai_compat.py --conversations 4 --turns 10 [--postgres]
-
-With ``--postgres`` the service stores on a database of its own on the local PostgreSQL
-(``BOT_TEST_POSTGRES_DSN``, as the tests), dropped afterwards; else on a SQLite file.
 """
 
 from __future__ import annotations

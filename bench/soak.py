@@ -226,7 +226,7 @@ class Workers:
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
         self.live: dict[str, str] = {}
         """Name -> base URL of the workers up now: where messages are delivered."""
-        self.kills = self.started = 0
+        self.started = 0
         self.restarts: set[asyncio.Task[None]] = set()
 
     async def start(self, name: str) -> None:
@@ -256,7 +256,6 @@ class Workers:
         del self.live[name]
         os.killpg(self.processes[name].pid, signal.SIGKILL)
         self.processes[name].wait(10)
-        self.kills += 1
 
         async def restart() -> None:
             await asyncio.sleep(rng.uniform(0.5, 3.0))
@@ -281,14 +280,6 @@ class Workers:
                 await asyncio.to_thread(process.wait, 30)
             except subprocess.TimeoutExpired:
                 os.killpg(process.pid, signal.SIGKILL)
-
-    def log_lines(self) -> list[dict[str, Any]]:
-        lines = []
-        for path in self._logs.glob("w*.log"):
-            for raw in path.read_text(errors="replace").splitlines():
-                with contextlib.suppress(ValueError):
-                    lines.append(json.loads(raw))
-        return [line for line in lines if isinstance(line, dict)]
 
 
 # -- the conversations ---------------------------------------------------------------------
@@ -489,8 +480,13 @@ class Soak:
 # -- the run -------------------------------------------------------------------------------
 
 
-def report(soak: Soak, faults: Counter[str]) -> int:
-    lines = soak.workers.log_lines()
+def report(soak: Soak, faults: Counter[str], logs: Path) -> int:
+    lines = []
+    for raw in itertools.chain(
+        *(p.read_text(errors="replace").splitlines() for p in logs.glob("w*.log"))
+    ):
+        with contextlib.suppress(ValueError):
+            lines.append(json.loads(raw) if raw.startswith("{") else {})
     turn_lines = Counter(line.get("turn_id") for line in lines if line.get("event") == "turn")
     faults["db_write_errors"] = sum(1 for line in lines if line.get("event") == "soak_db_fault")
     print("faults: " + ", ".join(f"{name} {n}" for name, n in sorted(faults.items())))
@@ -602,7 +598,7 @@ async def main(args: argparse.Namespace) -> int:
             f" settle {args.settle_s:g} s; demo model on one vLLM server behind a fault proxy"
         )
         faults.update(engine_streams_cut=proxy.cuts)
-        return report(soak, faults)
+        return report(soak, faults, workdir)
 
 
 def parse_args() -> argparse.Namespace:
