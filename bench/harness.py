@@ -66,11 +66,7 @@ USER_LINES = [
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     """``--model`` (a prepared folder) or the demo model, built in ``--model-dir``."""
     parser.add_argument("--model-dir", default=str(DEMO_MODEL_DIR), help="the demo model's folder")
-    parser.add_argument(
-        "--model",
-        help="a prepared model folder to serve instead of the demo model, e.g. data/smollm2 "
-        "(what `make run` serves, `make real-model`; dtype auto, as there)",
-    )
+    parser.add_argument("--model", help="a prepared model instead, e.g. data/smollm2")
 
 
 def served_model(args: argparse.Namespace) -> tuple[Path, str]:

@@ -220,9 +220,7 @@ async def measure(args: argparse.Namespace, client: Any, db_url: str, ingress: b
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rates", default="25,50,100", help="messages per second, comma-separated")
     parser.add_argument("--seconds", type=float, default=4.0, help="arrivals per rate")
     parser.add_argument("--conversations", type=int, default=40, help="per channel")
@@ -230,19 +228,9 @@ if __name__ == "__main__":
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--drain-s", type=float, default=300.0)
     parser.add_argument("--warmup-s", type=float, default=2.0, help="unmeasured arrivals at 5/s")
-    parser.add_argument(
-        "--database", help="a PostgreSQL server's URL: the run gets a new database there"
-    )
+    parser.add_argument("--database", help="a PostgreSQL server (a new database there)")
     harness.add_model_arguments(parser)
-    parser.add_argument(
-        "--ingress-process",
-        action="store_true",
-        help="acknowledge in an ingress-only `botctl serve` of its own (PostgreSQL)",
-    )
+    parser.add_argument("--ingress-process", action="store_true", help="acks in a botctl serve")
     parser.add_argument("--ingress-nice", type=int, default=0, help="e.g. -10 (needs root)")
-    parser.add_argument(
-        "--ingress-group",
-        action="store_true",
-        help="the ingress in a scheduling group of its own, --ingress-nice set on the group too",
-    )
+    parser.add_argument("--ingress-group", action="store_true", help="nice its group too")
     asyncio.run(main(parser.parse_args()))

@@ -367,25 +367,13 @@ def main() -> None:
     parser.add_argument("--low", type=float, default=0.5)
     parser.add_argument("--summary-max-tokens", type=int, default=64)
     parser.add_argument("--no-summary", action="store_true")
+    parser.add_argument("--no-prepare", action="store_true", help="next base made in the turn")
+    parser.add_argument("--prepare", type=float, default=0.0, help="prepare_watermark (halfway)")
+    parser.add_argument("--compaction-only", action="store_true", help="no rolling, no no-limit")
     parser.add_argument(
-        "--no-prepare", action="store_true", help="make the next base inside the switching turn"
+        "--pause", type=float, action="append", help="s before each next message (0 and 1)"
     )
-    parser.add_argument(
-        "--prepare", type=float, default=0.0, help="compaction.prepare_watermark (default: halfway)"
-    )
-    parser.add_argument(
-        "--compaction-only", action="store_true", help="skip the rolling and no-limit policies"
-    )
-    parser.add_argument(
-        "--pause",
-        type=float,
-        action="append",
-        help="seconds between a reply and the next message, one compaction run each "
-        "(repeatable; default 0 and 1: back to back, then with pauses)",
-    )
-    parser.add_argument(
-        "--window", type=int, action="append", help="rolling window in messages (repeatable; 6)"
-    )
+    parser.add_argument("--window", type=int, action="append", help="rolling window (6 messages)")
     parser.add_argument("--model", default="data/demo-model")
     parser.add_argument("--hidden", type=int, default=0, help="build a bigger random model")
     parser.add_argument("--layers", type=int, default=0, help="build a bigger random model")

@@ -50,18 +50,15 @@ class TurnResult:
 
 
 async def converse(
-    client: openai.AsyncOpenAI,
-    *,
-    index: int,
-    turns: int,
-    max_tokens: int,
-    system_message: bool,
-    extra_body: dict[str, Any],
+    client: openai.AsyncOpenAI, index: int, args: argparse.Namespace, extra_body: dict[str, Any]
 ) -> list[TurnResult]:
-    """One chat as any OpenAI client runs it: full text history re-sent on every call."""
+    """One chat as any OpenAI client runs it: full text history re-sent on every call. The
+    service's configured system prompt opens each chat; the plain server gets it as a system
+    message, so both models see the same conversation."""
+    system_message = "cache_salt" in extra_body  # the plain server
     messages: list[Any] = [{"role": "system", "content": SYSTEM_PROMPT}] if system_message else []
     results = []
-    for turn in range(turns):
+    for turn in range(args.turns):
         # Each conversation starts differently so conversations share only the system prompt.
         line = harness.USER_LINES[(turn + index) % len(harness.USER_LINES)]
         messages.append({"role": "user", "content": f"[{index}] {line}" if turn == 0 else line})
@@ -72,7 +69,7 @@ async def converse(
         stream = await client.chat.completions.create(
             model=SERVED_MODEL_NAME,
             messages=messages,
-            max_tokens=max_tokens,
+            max_tokens=args.max_tokens,
             temperature=0.0,
             stream=True,
             stream_options={"include_usage": True},
@@ -110,16 +107,9 @@ def summarise(chats: list[list[TurnResult]]) -> dict[str, Any]:
     }
 
 
-async def run_all(
-    client: openai.AsyncOpenAI, args: argparse.Namespace, **kw: Any
-) -> dict[str, Any]:
-    chats = await asyncio.gather(
-        *(
-            converse(client, index=i, turns=args.turns, max_tokens=args.max_tokens, **kw)
-            for i in range(args.conversations)
-        )
-    )
-    return summarise(list(chats))
+async def run_all(client: openai.AsyncOpenAI, args: argparse.Namespace, **kw: Any) -> Any:
+    chats = (converse(client, i, args, **kw) for i in range(args.conversations))
+    return summarise(list(await asyncio.gather(*chats)))
 
 
 def service_settings(db_url: str, model: Path, server: VLLMServer, max_tokens: int) -> Any:
@@ -156,12 +146,8 @@ async def main(args: argparse.Namespace) -> None:
                 max_tokens=1,
                 extra_body=salt,
             )
-        # The service's configured system prompt opens each chat; the plain server gets it
-        # as a system message, so both models see the same conversation.
-        service = await run_all(service_client, args, system_message=False, extra_body={})
-        vllm = await run_all(
-            vllm_client, args, system_message=True, extra_body={"cache_salt": "bench-vllm"}
-        )
+        service = await run_all(service_client, args, extra_body={})
+        vllm = await run_all(vllm_client, args, extra_body={"cache_salt": "bench-vllm"})
         db = create_engine(db_url)
         async with create_sessionmaker(db)() as session:
             conversations = await session.scalar(select(func.count()).select_from(Conversation))
@@ -199,9 +185,7 @@ async def main(args: argparse.Namespace) -> None:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--conversations", type=int, default=4)
     parser.add_argument("--turns", type=int, default=10)
     parser.add_argument("--max-tokens", type=int, default=32)

@@ -549,14 +549,12 @@ async def main(args: argparse.Namespace) -> int:
         stack.callback(proxy_server.close)
         urls = await harness.open_platforms(telegram, slack)
         stack.push_async_callback(harness.close_platforms, telegram, slack)
-        runner = web.AppRunner(receiver.app, access_log=None)
-        await runner.setup()
+        runner, receiver_url = await harness.serve_on_loopback(receiver.app)
         stack.push_async_callback(runner.cleanup)
-        await web.TCPSite(runner, "127.0.0.1", port := free_port()).start()
         engine = server.engine_section() | {"model": str(model), "request_timeout_s": 30}
         engine |= {"base_urls": [f"http://127.0.0.1:{proxy.port}"], "breaker_cooldown_s": 2}
         paced = {"private_min_interval_s": 0.08, "group_min_interval_s": 0.16}
-        hook = {"callback_url": f"http://127.0.0.1:{port}/hook", "allow_http_callback": True}
+        hook = {"callback_url": f"{receiver_url}/hook", "allow_http_callback": True}
         hook |= {"chunk_interval_s": 0.05, "retry_backoff_s": 0.2, "retry_for_s": 10.0}
         slack_paced = {"stream_interval_s": 0.05, "update_interval_s": 0.05}
         sections = harness.service_sections(db_url, engine, args.max_tokens) | {
@@ -602,9 +600,7 @@ async def main(args: argparse.Namespace) -> int:
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--database", choices=["sqlite", "postgres"], default="sqlite")
     parser.add_argument("--workers", type=int, default=2, help="PostgreSQL only")
     parser.add_argument("--minutes", type=float, default=3.0)

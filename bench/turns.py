@@ -119,22 +119,20 @@ def burst_places(results: list[dict[str, Any]]) -> dict[str, str]:
 
 
 def line(name: str, values: list[float]) -> None:
-    print(
-        f"{name:<52} {harness.percentile(values, 50):>7.1f}  {harness.percentile(values, 99):>7.1f}"
-    )
+    p50, p99 = harness.percentile(values, 50), harness.percentile(values, 99)
+    print(f"{name:<52} {p50:>7.1f}  {p99:>7.1f}")
 
 
 async def main(args: argparse.Namespace) -> None:
     # Per-turn log lines to a terminal would cost the service time the engine does not pay.
     configure_logging(os.environ.get("BENCH_LOG_LEVEL", "WARNING"), "json")
     model, dtype = harness.served_model(args)
-    async with harness.scratch_database(
-        Path(tempfile.mkdtemp(prefix="bench-turns-")), None
-    ) as db_url:
-        sections = harness.service_sections(
-            db_url, harness.local_engine(model, dtype), args.max_tokens
+    workdir = Path(tempfile.mkdtemp(prefix="bench-turns-"))
+    async with harness.scratch_database(workdir, None) as db_url:
+        engine_section = harness.local_engine(model, dtype)
+        settings = load_settings(
+            None, **harness.service_sections(db_url, engine_section, args.max_tokens)
         )
-        settings = load_settings(None, **sections)
         engine = FirstTextClock(settings.engine)
         await engine.start()
         try:
@@ -146,11 +144,8 @@ async def main(args: argparse.Namespace) -> None:
 async def measure(args: argparse.Namespace, engine: FirstTextClock, app: Any, db_url: str) -> None:
     runner, base = await harness.serve_on_loopback(app)
     key = await harness.bench_key(db_url, "bench")
-    plan = {
-        "conversations": args.conversations,
-        "turns": args.turns,
-        "pause_s": args.pause_ms / 1000,
-    }
+    plan = {"conversations": args.conversations, "turns": args.turns}
+    plan["pause_s"] = args.pause_ms / 1000
     async with clients.process("chats", base, key=key) as client:
         chats = await client.ask(plan)
     await runner.cleanup()
@@ -212,10 +207,8 @@ async def measure(args: argparse.Namespace, engine: FirstTextClock, app: Any, db
         for name, value in r["timings_ms"].items():
             if isinstance(value, int | float):
                 layers.setdefault(name, []).append(float(value))
-    print("layers (turn log line), p50 ms: ", end="")
-    print(
-        ", ".join(f"{name} {harness.percentile(values, 50):.1f}" for name, values in layers.items())
-    )
+    p50s = (f"{name} {harness.percentile(values, 50):.1f}" for name, values in layers.items())
+    print("layers (turn log line), p50 ms: " + ", ".join(p50s))
     service_e2e = sum(r["e2e_ms"] for r in done)
     direct_e2e = sum(e2e for chat in direct_times for _, e2e in chat)
     print(f"end to end summed over turns: service {service_e2e:.0f} ms, engine direct", end="")
@@ -225,17 +218,10 @@ async def measure(args: argparse.Namespace, engine: FirstTextClock, app: Any, db
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--conversations", type=int, default=4)
     parser.add_argument("--turns", type=int, default=12)
     parser.add_argument("--max-tokens", type=int, default=48)
-    parser.add_argument(
-        "--pause-ms",
-        type=float,
-        default=0.0,
-        help="each chat waits a random time of this mean (exponential) before its next message",
-    )
+    parser.add_argument("--pause-ms", type=float, default=0.0, help="mean pause before a message")
     harness.add_model_arguments(parser)
     asyncio.run(main(parser.parse_args()))
