@@ -31,6 +31,7 @@ from bot.http.keys import DB_ENGINES
 from bot.storage.db import create_engine, create_sessionmaker
 from bot.storage.models import Conversation, Turn, TurnStatus
 from bot.turns.chat_format import ChatFormat, load_tokenizer
+from bot.turns.owners import key_tenant
 
 WINDOW_S = 3.0
 
@@ -54,8 +55,9 @@ async def queued_turn(url: str) -> str:
     engine = create_engine(url)
     try:
         async with create_sessionmaker(engine)() as session, session.begin():
+            owner = key_tenant("bench")  # the key's tenant: its conversations' owner
             conversation = Conversation(
-                owner="bench", channel="api", external_key="c", next_turn_seq=2
+                owner=owner, channel="api", external_key="c", next_turn_seq=2
             )
             session.add(conversation)
             await session.flush()
