@@ -1,5 +1,7 @@
 """What the benchmarks share: the model and settings they serve, a scratch database, the app
-on a loopback port, an API key, the prefix-cache share, a client process, CPU accounting.
+on a loopback port, an API key, the prefix-cache share, a client process, the loop's lag, a
+``botctl serve`` process, and a message as each platform delivers it (built from the
+channels' real payload fixtures) with the identities the service is configured with.
 
 Benchmarks import it as a sibling module (``from harness import ...``): a script's own
 folder is first on ``sys.path``.
@@ -10,26 +12,33 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import copy
 import itertools
 import json
 import os
+import subprocess
 import sys
 import time
+import urllib.request
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from functools import cache
 from pathlib import Path
 from typing import Any, Self
 
 import asyncpg
-import psutil
 from aiohttp import web
+from slack_sdk.signature import SignatureVerifier
 from sqlalchemy.engine import make_url
 
 from bot.apikeys import create_key
+from bot.channels.webhook.signing import signed_headers
 from bot.demo_model import build_demo_model
-from bot.engine.process_priority import ENGINE_CORE_TITLE, WORKER_TITLE, descendants, titled
+from bot.engine.base import GenerationRequest
 from bot.storage.db import create_engine, create_sessionmaker
 from bot.storage.migrate import upgrade
+from bot.testing.slack_api import FakeSlackApi
+from bot.testing.telegram_api import FakeTelegram
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO_MODEL_DIR = REPO / "data" / "demo-model"
@@ -38,16 +47,26 @@ BLOCK_SIZE = 32
 """The KV cache's block: only full blocks are cached, so only full blocks count as cacheable."""
 NO_LIMITS = {"messages_per_minute": 0, "tokens_per_day": 0}
 """A benchmark is one key sending many messages: fair use would throttle it."""
+POSTGRES = os.environ.get("BOT_TEST_POSTGRES_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
+"""The local PostgreSQL server (trust auth), as the tests use it."""
+USER_LINES = [
+    "Hello! How are you today?",
+    "Tell me about the weather in Paris this week.",
+    "And what about London and Berlin?",
+    "Please answer briefly and politely.",
+    "What can I do for you? Numbers: 1 2 3 100.",
+    "Code: def main(): return print('hello world')",
+    "Markdown: **bold**, _italic_, `code`.",
+    "Questions and answers, greetings and farewells.",
+    "Ünïcödé and émojis 🙂 — café?",
+    "Thanks, that is all.",
+]
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     """``--model`` (a prepared folder) or the demo model, built in ``--model-dir``."""
     parser.add_argument("--model-dir", default=str(DEMO_MODEL_DIR), help="the demo model's folder")
-    parser.add_argument(
-        "--model",
-        help="a prepared model folder to serve instead of the demo model, e.g. data/smollm2 "
-        "(what `make run` serves, `make real-model`; dtype auto, as there)",
-    )
+    parser.add_argument("--model", help="a prepared model instead, e.g. data/smollm2")
 
 
 def served_model(args: argparse.Namespace) -> tuple[Path, str]:
@@ -76,6 +95,18 @@ def service_sections(db_url: str, engine: dict[str, Any], max_tokens: int) -> di
 def local_engine(model: Path, dtype: str) -> dict[str, Any]:
     """The ``[engine]`` section of the in-process engine for ``served_model``'s model."""
     return {"model": str(model), "dtype": dtype, "max_model_len": 4096, "block_size": BLOCK_SIZE}
+
+
+def greedy(prompt: list[int], max_tokens: int, **extra: Any) -> GenerationRequest:
+    """A request for ``prompt`` as the benchmarks send one: greedy, so runs compare."""
+    return GenerationRequest(
+        request_id=uuid.uuid4().hex,
+        prompt_token_ids=prompt,
+        max_tokens=max_tokens,
+        temperature=0.0,
+        top_p=1.0,
+        **extra,
+    )
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -150,23 +181,6 @@ async def scratch_database(workdir: Path, server: str | None) -> AsyncIterator[s
         await admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
-def engine_pids() -> list[int]:
-    """vLLM's own processes started by this one: its engine core and its workers."""
-    children = descendants()
-    return titled(children, ENGINE_CORE_TITLE) + titled(children, WORKER_TITLE)
-
-
-def engine_processes() -> str:
-    """Where vLLM's own processes run and at which nice value (``engine.core_on_worker_cpus``,
-    ``engine.process_nice``), read off the processes."""
-    found = [
-        f"{process.name()} on CPUs {','.join(map(str, sorted(process.cpu_affinity())))}"
-        f" at nice {process.nice()}"
-        for process in map(psutil.Process, engine_pids())
-    ]
-    return "; ".join(sorted(found)) or "none found"
-
-
 def load_average() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
@@ -197,83 +211,6 @@ class LoopLag:
         return self.samples_ms
 
 
-class CpuWaits:
-    """How long threads ran and how long they were runnable but waited for a CPU, read off
-    Linux's ``/proc/PID/task/TID/schedstat``. A late loop whose thread waited was not given
-    a CPU (another process had it); one whose thread did not wait had more work than time."""
-
-    def __init__(self, threads: dict[str, list[tuple[int, int]]]) -> None:
-        self._threads = threads  # name -> its threads' (pid, tid), summed in one line
-        self._started: dict[tuple[int, int], tuple[int, int]] = {}
-        self._wall_started = 0.0
-
-    def _read(self) -> dict[tuple[int, int], tuple[int, int]]:
-        read: dict[tuple[int, int], tuple[int, int]] = {}
-        for pid, tid in itertools.chain.from_iterable(self._threads.values()):
-            with contextlib.suppress(OSError):
-                fields = Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()
-                read[pid, tid] = (int(fields[0]), int(fields[1]))
-        return read
-
-    def start(self) -> None:
-        self._started = self._read()
-        self._wall_started = time.perf_counter()
-
-    def stop(self) -> list[str]:
-        """One line a name: ms on a CPU, ms waiting for one, the wait's share of the wall."""
-        wall_ms = (time.perf_counter() - self._wall_started) * 1000
-        now = self._read()
-        lines = []
-        for name, threads in self._threads.items():
-            both = [thread for thread in threads if thread in now and thread in self._started]
-            if both:
-                ran_ms = sum(now[t][0] - self._started[t][0] for t in both) / 1e6
-                waited_ms = sum(now[t][1] - self._started[t][1] for t in both) / 1e6
-                lines.append(
-                    f"{name} on a CPU {ran_ms:.0f} ms, runnable but waiting for one"
-                    f" {waited_ms:.0f} ms ({100 * waited_ms / max(wall_ms, 1e-9):.1f} % of"
-                    f" {wall_ms / 1000:.1f} s)"
-                )
-        return lines
-
-
-class CpuByProcess:
-    """CPU ms each kind of process on this host spent between ``start`` and ``stop``: this
-    process (the service), vLLM's engine, the ``named`` ones (pid -> name), PostgreSQL's
-    server processes and the rest. On two cores that is what the acks compete with."""
-
-    def __init__(self, named: dict[int, str]) -> None:
-        self._named = named
-        self._before: dict[int, tuple[str, float]] = {}
-
-    def _read(self) -> dict[int, tuple[str, float]]:
-        engine = set(engine_pids())
-        found: dict[int, tuple[str, float]] = {}
-        for process in psutil.process_iter():
-            with contextlib.suppress(psutil.Error):
-                pid = process.pid
-                kind = (
-                    "service"
-                    if pid == os.getpid()
-                    else "engine"
-                    if pid in engine
-                    else self._named.get(pid)
-                    or ("PostgreSQL" if process.name() == "postgres" else "other")
-                )
-                times = process.cpu_times()
-                found[pid] = (kind, times.user + times.system)
-        return found
-
-    def start(self) -> None:
-        self._before = self._read()
-
-    def stop(self) -> dict[str, float]:
-        spent: dict[str, float] = {}
-        for pid, (kind, seconds) in self._read().items():
-            spent[kind] = spent.get(kind, 0.0) + (seconds - self._before.get(pid, ("", 0.0))[1])
-        return {kind: ms * 1000 for kind, ms in sorted(spent.items(), key=lambda kv: -kv[1])}
-
-
 class JsonLinesProcess:
     """A benchmark's client run as a process of its own: ``python SCRIPT ARGS...``.
 
@@ -287,10 +224,6 @@ class JsonLinesProcess:
         self._command = [sys.executable, str(Path(script).resolve()), *args]
         self._env = {**os.environ, **env}
         self._process: asyncio.subprocess.Process | None = None
-
-    @property
-    def pid(self) -> int | None:
-        return None if self._process is None else self._process.pid
 
     async def ask(self, request: Any) -> Any:
         process = self._process
@@ -330,3 +263,141 @@ async def answer_json_lines(answer: Callable[[Any], Awaitable[Any]]) -> None:
     while line := await asyncio.to_thread(sys.stdin.readline):
         sys.stdout.write(json.dumps(await answer(json.loads(line))) + "\n")
         sys.stdout.flush()
+
+
+def start_botctl(
+    sections: dict[str, Any],
+    env: dict[str, str],
+    log_path: Path,
+    new_session: bool = True,
+    argv: Sequence[str] = (sys.executable, "-m", "bot.cli", "serve"),
+) -> subprocess.Popen[bytes]:
+    """A real ``botctl serve`` (or ``argv`` that runs it) with these settings' sections (each
+    as JSON in the environment, as pydantic-settings reads them), by default in a session of
+    its own (a process group to kill; with autogroup, a scheduling group of its own too)."""
+    sections_env = {f"BOT_{name.upper()}": json.dumps(value) for name, value in sections.items()}
+    with log_path.open("wb") as log:
+        return subprocess.Popen(
+            list(argv),
+            env={**os.environ, **sections_env, **env},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=new_session,
+        )
+
+
+def wait_until_up(
+    process: subprocess.Popen[bytes], url: str, log_path: Path, timeout_s: float
+) -> None:
+    """Until ``url`` answers 200; RuntimeError if the process exits or times out first."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"botctl serve exited ({process.returncode}): see {log_path}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.2)
+    raise RuntimeError(f"botctl serve not up in {timeout_s:g} s: see {log_path}")
+
+
+# -- a message as each platform delivers it ------------------------------------------------
+
+TELEGRAM_BOT = "benchbot"
+TELEGRAM_TOKEN = "7000000001:AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw"
+TELEGRAM_USERNAME = "BenchBot"
+TELEGRAM_SECRET = "bench-Secret_header"
+SLACK_TOKEN = "xoxb-bench-0001"
+SLACK_TEAM = "T0001TEAM"
+SLACK_BOT_USER = "UBOT0001"
+SLACK_USER = "U0001ALICE"
+SLACK_CHANNEL = "C0001BENCH"
+SLACK_SIGNING_SECRET = "8f742231b10e8888abcd99yyyzzz85a5"
+WEBHOOK = {"name": "bench", "secret": "bench-webhook-secret-0123456789"}
+JSON = {"Content-Type": "application/json"}
+
+
+@cache
+def fixture(channel: str, name: str) -> dict[str, Any]:
+    """A platform's real payload, as the channel's tests keep it (JSON data, not code)."""
+    loaded: dict[str, Any] = json.loads((REPO / "tests" / channel / "fixtures" / name).read_text())
+    return loaded
+
+
+def platform_request(
+    channel: str, number: int, chat: str, text: str, key: str = "", root: bool = False
+) -> tuple[str, bytes, dict[str, str], str]:
+    """Message ``number`` (unique in the run) to ``chat`` as ``channel`` delivers it: the
+    path, body and headers to POST, and the id the service deduplicates it on. ``chat`` is a
+    Telegram private chat's id, a Slack thread's root ts in ``SLACK_CHANNEL`` (``root``: this
+    message is that root), or a conversation id (the API with ``key``, the generic webhook)."""
+    now = int(time.time())
+    if channel == "telegram":
+        update = copy.deepcopy(fixture("telegram", "private_text.json"))
+        update["update_id"] = update_id = 600_000_000 + number
+        message = update["message"]
+        message.update(message_id=number, text=text, date=now)
+        message["chat"]["id"] = message["from"]["id"] = int(chat)
+        headers = {"X-Telegram-Bot-Api-Secret-Token": TELEGRAM_SECRET, **JSON}
+        return f"/telegram/{TELEGRAM_BOT}", json.dumps(update).encode(), headers, str(update_id)
+    if channel == "slack":
+        body = copy.deepcopy(fixture("slack", "app_mention.json"))
+        body.update(event_id=(event_id := f"Ev{number:08d}"), event_time=now)
+        event, ts = body["event"], chat if root else f"{now}.{number:06d}"
+        event.update(ts=ts, event_ts=ts, channel=SLACK_CHANNEL, user=SLACK_USER)
+        event["text"] = f"<@{SLACK_BOT_USER}> {text}"
+        event.pop("blocks", None)
+        if not root:
+            event["thread_ts"] = chat
+        raw = json.dumps(body).encode()
+        signature = SignatureVerifier(SLACK_SIGNING_SECRET).generate_signature(
+            timestamp=str(now), body=raw.decode()
+        )
+        headers = {"X-Slack-Request-Timestamp": str(now), "X-Slack-Signature": signature or ""}
+        return "/slack/events", raw, headers | JSON, event_id
+    message_id = f"{chat}-m{number}"
+    body = json.dumps({"conversation_id": chat, "message_id": message_id, "text": text}).encode()
+    if channel == "webhook":
+        headers = signed_headers(WEBHOOK["secret"], body)
+        return f"/webhooks/{WEBHOOK['name']}", body, headers, message_id
+    return "/v1/messages", body, {"Authorization": f"Bearer {key}", **JSON}, message_id
+
+
+def telegram_bot(api_base_url: str, **overrides: Any) -> dict[str, Any]:
+    """The ``[[telegram]]`` entry of the bot these updates are for."""
+    return {
+        "name": TELEGRAM_BOT,
+        "token": TELEGRAM_TOKEN,
+        "secret_token": TELEGRAM_SECRET,
+        "api_base_url": api_base_url,
+        "username": TELEGRAM_USERNAME,
+        **overrides,
+    }
+
+
+def slack_app(api_base_url: str, **overrides: Any) -> dict[str, Any]:
+    """The ``[[slack]]`` entry of the app these events are for."""
+    return {
+        "name": "main",
+        "signing_secret": SLACK_SIGNING_SECRET,
+        "bot_token": SLACK_TOKEN,
+        "api_base_url": api_base_url,
+        "app_id": "A0001APP",
+        **overrides,
+    }
+
+
+async def open_platforms(telegram: FakeTelegram, slack: FakeSlackApi) -> dict[str, str]:
+    """The strict fakes started with the bot, the workspace and its user; their base URLs."""
+    await telegram.__aenter__()
+    telegram.add_bot(TELEGRAM_TOKEN, TELEGRAM_USERNAME)
+    slack.add_workspace(SLACK_TOKEN, SLACK_TEAM, bot_user_id=SLACK_BOT_USER)
+    slack.add_user(SLACK_TEAM, SLACK_USER, display_name="Alice")
+    return {"telegram": telegram.base_url, "slack": await slack.start()}
+
+
+async def close_platforms(telegram: FakeTelegram, slack: FakeSlackApi) -> None:
+    await slack.close()
+    await telegram.__aexit__(None, None, None)

@@ -1,26 +1,18 @@
-"""Benchmark: how fast the service acknowledges messages while the engine is busy.
+"""Benchmark: does the service answer the platforms in time while the engine generates?
 
-Open-loop (Poisson) arrivals at each rate, spread over many conversations and, in turn,
-over the ways in (``--channels``): ``POST /v1/messages`` with an API key, Telegram's
-webhook with its secret header and Slack's signed Events API, while the turns they
-create generate on the real engine in the service's process. The arrivals come from a
-client process of its own, and the turns' replies go to the strict platform fakes in
-another (bench/load_client.py): this process only serves, as in production.
+Open-loop (Poisson) arrivals at each rate over many conversations and, in turn, over the
+ways in (``--channels``): the API with a key, Telegram's webhook, Slack's signed Events API,
+from a client process of its own; the turns they start generate on the real engine in this
+process, and their replies go to the strict platform fakes in a third (bench/clients.py).
+Per rate: messages sent, ack p50 / p99 / max, refused, lost (acknowledged and never final
+once the engine has drained: must be 0; "?" while turns are still open after ``--drain-s``),
+overall, for the conversations' first messages and the later ones and by channel; the
+loop's lag while they arrived; last, the first rate whose ack p99 passed the goal.
 
-Prints, per rate: messages sent, ack p50/p99/max, refused (not acknowledged) and lost
-(acknowledged, and no final turn once the engine has drained: must be 0; "?" while
-turns are still open after ``--drain-s``), overall, for the conversations' first
-messages (each creates its conversation, all in the first second) and the later ones,
-and by channel; then the service loop's lag while they arrived, how long the loop's
-thread and the other processes' main threads ran and waited for a CPU, and the CPU
-every kind of process took meanwhile (what the acks competed with); last, the first
-rate whose ack p99 passed the goal.
-
-``--ingress-process`` (PostgreSQL) acknowledges in a process of its own: a real ``botctl
-serve`` with ``workers.run_turns = false`` takes the arrivals, stores them and answers,
-and this process, woken by each accept's ``pg_notify``, runs the turns (docs/scaling.md);
-``--ingress-nice -10 --ingress-group`` run it as deploy/bot-ingress.service does (needs
-root).
+``--ingress-process`` (PostgreSQL) acknowledges in a real ``botctl serve`` of its own with
+``workers.run_turns = false``, and this process, woken by each accept's ``pg_notify``, runs
+the turns (docs/scaling.md); ``--ingress-nice -10 --ingress-group`` run it as
+deploy/bot-ingress.service does (needs root).
 
 Run:  .venv/bin/python bench/load.py --rates 100 --seconds 8 --model data/smollm2
       .venv/bin/python bench/load.py --rates 100 --seconds 8 --model data/smollm2 \\
@@ -33,37 +25,16 @@ import argparse
 import asyncio
 import contextlib
 import datetime as dt
-import json
 import math
 import os
 import subprocess
-import sys
 import tempfile
-import threading
-import time
-import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any
 
-from harness import (
-    CpuByProcess,
-    CpuWaits,
-    LoopLag,
-    add_model_arguments,
-    bench_key,
-    engine_processes,
-    load_average,
-    local_engine,
-    model_name,
-    percentile,
-    scratch_database,
-    serve_on_loopback,
-    served_model,
-    service_sections,
-)
-from load_client import client_process, fakes_process
-from platform_requests import slack_app, telegram_bot
+import clients
+import harness
 from sqlalchemy import func, select
 
 from bot.app import create_app
@@ -121,42 +92,22 @@ def set_nice(pid: int, nice: int, group: bool) -> None:
         Path(f"/proc/{pid}/autogroup").write_text(str(nice))
 
 
-def start_ingress_process(
+async def start_ingress_process(
     sections: dict[str, Any], log_path: Path, nice: int, own_group: bool
 ) -> tuple[subprocess.Popen[bytes], str]:
     """A real ``botctl serve`` that only acknowledges (``workers.run_turns = false``), at
-    ``nice`` and (``own_group``) in a session of its own, as systemd runs a unit."""
+    ``nice`` and (``own_group``) in a scheduling group of its own."""
     port = free_port()
-    env = {
-        **os.environ,
-        # Each section as JSON, as pydantic-settings reads complex values from the environment.
-        **{f"BOT_{name.upper()}": json.dumps(value) for name, value in sections.items()},
-        "BOT_SERVER": json.dumps({"host": "127.0.0.1", "port": port}),
-        "BOT_WORKERS": json.dumps({"run_turns": False}),
-    }
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "bot.cli", "serve"],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=own_group,
-        )
+    sections = sections | {"server": {"host": "127.0.0.1", "port": port}}
+    process = harness.start_botctl(
+        sections | {"workers": {"run_turns": False}}, {}, log_path, own_group
+    )
     try:
         if nice:
             set_nice(process.pid, nice, own_group)
         base = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if process.poll() is not None:
-                raise SystemExit(f"the ingress process exited ({process.returncode}): {log_path}")
-            try:
-                with urllib.request.urlopen(f"{base}/readyz", timeout=2) as response:
-                    if response.status == 200:
-                        return process, base
-            except OSError:
-                time.sleep(0.3)
-        raise SystemExit(f"the ingress process was not ready in 120 s: see {log_path}")
+        await asyncio.to_thread(harness.wait_until_up, process, f"{base}/readyz", log_path, 120)
+        return process, base
     except BaseException:
         process.kill()  # in a session of its own, no Ctrl-C of the benchmark reaches it
         raise
@@ -165,9 +116,9 @@ def start_ingress_process(
 def row(rate: float, name: str, results: list[tuple[str, float, int]], lost: int | str) -> float:
     """Print one line; returns the ack p99 (ms) of the acknowledged messages."""
     acks = [ms for _, ms, status in results if status in (200, 202)]
-    p99 = percentile(acks, 99)
+    p50, p99 = harness.percentile(acks, 50), harness.percentile(acks, 99)
     print(
-        f"{rate:>6g}  {name:<8}  {len(results):>4}  {percentile(acks, 50):>10.1f}  {p99:>10.1f}"
+        f"{rate:>6g}  {name:<8}  {len(results):>4}  {p50:>10.1f}  {p99:>10.1f}"
         f"  {max(acks, default=float('nan')):>10.1f}  {len(results) - len(acks):>7}  {lost:>4}"
     )
     return p99
@@ -179,35 +130,33 @@ async def main(args: argparse.Namespace) -> None:
     if not channels or set(channels) - set(CHANNELS):
         raise SystemExit(f"--channels: pick from {', '.join(CHANNELS)}")
     workdir = Path(tempfile.mkdtemp(prefix="bench-load-"))
-    model, dtype = served_model(args)
-    async with scratch_database(workdir, args.database) as db_url, fakes_process() as fakes:
+    model, dtype = harness.served_model(args)
+    async with (
+        harness.scratch_database(workdir, args.database) as db_url,
+        clients.process("fakes") as fakes,
+    ):
         if args.ingress_process and is_sqlite(db_url):
             raise SystemExit("--ingress-process needs --database postgresql+asyncpg://...")
         urls = await fakes.ask({})
-        sections = service_sections(db_url, local_engine(model, dtype), args.max_tokens)
+        sections = harness.service_sections(
+            db_url, harness.local_engine(model, dtype), args.max_tokens
+        )
         # Replies paced as in production (the settings' defaults, the platforms' limits).
-        sections |= {"telegram": [telegram_bot(urls["telegram"])]}
-        sections |= {"slack": [slack_app(urls["slack"])]}
+        sections |= {"telegram": [harness.telegram_bot(urls["telegram"])]}
+        sections |= {"slack": [harness.slack_app(urls["slack"])]}
         settings = load_settings(None, **sections)
         engine = LocalVLLMEngine(settings.engine)
         await engine.start()
-        runner, base = await serve_on_loopback(await create_app(settings, engine=engine))
+        runner, base = await harness.serve_on_loopback(await create_app(settings, engine=engine))
         ingress: subprocess.Popen[bytes] | None = None
         try:
             if args.ingress_process:
-                ingress, base = await asyncio.to_thread(
-                    start_ingress_process,
-                    sections,
-                    workdir / "ingress.log",
-                    args.ingress_nice,
-                    args.ingress_group,
+                ingress, base = await start_ingress_process(
+                    sections, workdir / "ingress.log", args.ingress_nice, args.ingress_group
                 )
-            key = await bench_key(db_url, f"bench-{uuid.uuid4().hex[:6]}")
-            async with client_process(base, key, channels) as client:
-                named = {client.pid: "client process", fakes.pid: "fakes process"}
-                if ingress is not None:
-                    named[ingress.pid] = "ingress process"
-                await measure(args, client, {k: v for k, v in named.items() if k}, db_url)
+            key = await harness.bench_key(db_url, f"bench-{uuid.uuid4().hex[:6]}")
+            async with clients.process("arrivals", base, ",".join(channels), key=key) as client:
+                await measure(args, client, db_url, ingress is not None)
         finally:
             if ingress is not None:
                 ingress.terminate()
@@ -216,16 +165,15 @@ async def main(args: argparse.Namespace) -> None:
             await engine.shutdown()
 
 
-async def measure(
-    args: argparse.Namespace, client: Any, named: dict[int, str], db_url: str
-) -> None:
+async def measure(args: argparse.Namespace, client: Any, db_url: str, ingress: bool) -> None:
     channels = [c for c in args.channels.split(",") if c]
     database = "SQLite" if is_sqlite(db_url) else "PostgreSQL"
     print(f"# ack latency under open-loop load, {args.seconds:g} s a rate, {args.conversations}")
-    print(f"# conversations a channel, max_tokens={args.max_tokens}, {model_name(args)}, CPU,")
-    print(f"# {database}; load average {load_average()} at the start")
-    print(f"# engine in the service's process: {engine_processes()}")
-    if "ingress process" in named.values():
+    print(
+        f"# conversations a channel, max_tokens={args.max_tokens}, {harness.model_name(args)}, CPU,"
+    )
+    print(f"# {database}; load average {harness.load_average()} at the start")
+    if ingress:
         group = ", a scheduling group of its own" if args.ingress_group else ""
         print(f"# acks from an ingress-only `botctl serve` (nice {args.ingress_nice}{group})")
     run, since = uuid.uuid4().hex[:6], dt.datetime.now(dt.UTC)
@@ -236,18 +184,14 @@ async def measure(
     ):
         accepted[channel] += status in (200, 202)
     await drain(db_url, since, args.drain_s)
-    threads = {"service loop thread": [(os.getpid(), threading.get_native_id())]}
-    threads |= {f"{name}'s main thread": [(pid, pid)] for pid, name in named.items()}
-    lag, cpu_waits, cpu_by_process = LoopLag(), CpuWaits(threads), CpuByProcess(named)
+    lag = harness.LoopLag()
     print("rate/s  channel   sent  ack_p50_ms  ack_p99_ms  ack_max_ms  refused  lost")
     first_over: float | None = None
     for rate in [float(r) for r in args.rates.split(",")]:
         lag.start()
-        cpu_waits.start()
-        cpu_by_process.start()
         plan = {"rate": rate, "seconds": args.seconds, "conversations": args.conversations}
         results = [tuple(r) for r in await client.ask(plan | {"run": f"{run}{rate:g}"})]
-        lags, waits, spent = lag.stop(), cpu_waits.stop(), cpu_by_process.stop()
+        lags = lag.stop()
         still_open = await drain(db_url, since, args.drain_s)
         finals = await count_turns(db_url, since, final=True)
         for channel, _, status in results:
@@ -263,26 +207,20 @@ async def measure(
         if still_open:
             print(f"{'':6}  {still_open} turns still open after --drain-s {args.drain_s:g}")
         print(
-            f"{'':6}  loop lag while they arrived: p50 {percentile(lags, 50):.1f}"
-            f" p99 {percentile(lags, 99):.1f} max {max(lags, default=0):.1f} ms"
+            f"{'':6}  loop lag while they arrived: p50 {harness.percentile(lags, 50):.1f}"
+            f" p99 {harness.percentile(lags, 99):.1f} max {max(lags, default=0):.1f} ms"
         )
-        for line in waits:
-            print(f"{'':6}  {line}")
-        shares = ", ".join(f"{kind} {ms:.0f}" for kind, ms in spent.items())
-        print(f"{'':6}  CPU ms while they arrived, by process: {shares}")
         if first_over is None and p99 > ACK_P99_GOAL_MS:
             first_over = rate
     if first_over is None:
         print(f"ack p99 stayed within {ACK_P99_GOAL_MS:g} ms at every rate tried")
     else:
         print(f"ack p99 first passed {ACK_P99_GOAL_MS:g} ms at {first_over:g} messages/s")
-    print(f"load average {load_average()} at the end")
+    print(f"load average {harness.load_average()} at the end")
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rates", default="25,50,100", help="messages per second, comma-separated")
     parser.add_argument("--seconds", type=float, default=4.0, help="arrivals per rate")
     parser.add_argument("--conversations", type=int, default=40, help="per channel")
@@ -290,19 +228,9 @@ if __name__ == "__main__":
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--drain-s", type=float, default=300.0)
     parser.add_argument("--warmup-s", type=float, default=2.0, help="unmeasured arrivals at 5/s")
-    parser.add_argument(
-        "--database", help="a PostgreSQL server's URL: the run gets a new database there"
-    )
-    add_model_arguments(parser)
-    parser.add_argument(
-        "--ingress-process",
-        action="store_true",
-        help="acknowledge in an ingress-only `botctl serve` of its own (PostgreSQL)",
-    )
+    parser.add_argument("--database", help="a PostgreSQL server (a new database there)")
+    harness.add_model_arguments(parser)
+    parser.add_argument("--ingress-process", action="store_true", help="acks in a botctl serve")
     parser.add_argument("--ingress-nice", type=int, default=0, help="e.g. -10 (needs root)")
-    parser.add_argument(
-        "--ingress-group",
-        action="store_true",
-        help="the ingress in a scheduling group of its own, --ingress-nice set on the group too",
-    )
+    parser.add_argument("--ingress-group", action="store_true", help="nice its group too")
     asyncio.run(main(parser.parse_args()))

@@ -1,15 +1,12 @@
-"""Benchmark: N SSE readers of a queued turn on PostgreSQL, then all dropped at once.
+"""Benchmark: what many SSE readers of one turn cost the database, and what they leave behind.
 
-The turn waits behind one that "another worker" holds (a live lease), so this
-worker only follows it through its row, where each reader could cost the
-database a poll. The app is served the way ``botctl serve`` serves it
-(``web.AppRunner`` defaults: handlers are not cancelled when clients leave);
-readers are bare sockets that leave without a word.
-
-Prints SQL statements a second sent by the app (counted in-process) with no reader,
-with N readers, and after the drop (all three should be alike), plus the app's own tasks
-left running.
-Needs a PostgreSQL (``--admin-dsn``) and the demo model (built if missing).
+N readers follow a queued turn on PostgreSQL, then all leave at once. The turn waits behind
+one that "another worker" holds (a live lease), so this worker follows it through its row,
+where each reader could cost the database a poll. The app is served as ``botctl serve``
+serves it (``web.AppRunner``'s defaults: handlers are not cancelled when clients leave);
+readers are bare sockets that leave without a word. Prints the SQL statements a second the
+app sent with no reader, with N readers and after the drop (all three should be alike), and
+the app's asyncio tasks at each point.
 
 Run:  .venv/bin/python bench/sse_readers.py --readers 500
 """
@@ -24,19 +21,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from aiohttp import web
-from harness import DEMO_MODEL_DIR, scratch_database
+from harness import DEMO_MODEL_DIR, POSTGRES, bench_key, scratch_database, serve_on_loopback
 from sqlalchemy import event
 
-from bot.apikeys import create_key
 from bot.app import create_app
 from bot.config import load_settings
 from bot.demo_model import build_demo_model
 from bot.http.keys import DB_ENGINES
-from bot.storage import queries
 from bot.storage.db import create_engine, create_sessionmaker
-from bot.storage.models import Turn, TurnStatus
+from bot.storage.models import Conversation, Turn, TurnStatus
 from bot.turns.chat_format import ChatFormat, load_tokenizer
+from bot.turns.owners import key_tenant
 
 WINDOW_S = 3.0
 
@@ -46,45 +41,35 @@ class IdleEngine:
 
     max_model_len = 1024
 
-    async def start(self) -> None:
-        return None
-
     async def generate(self, request: Any) -> Any:
         raise AssertionError("not expected")
 
-    async def abort(self, request_id: str) -> None:
-        return None
-
-    async def check_health(self) -> None:
-        return None
-
-    async def shutdown(self) -> None:
-        return None
+    async def start(self) -> None: ...
+    async def abort(self, request_id: str) -> None: ...
+    async def check_health(self) -> None: ...
+    async def shutdown(self) -> None: ...
 
 
-async def seed(url: str) -> tuple[str, str]:
-    """A key, and a queued turn behind a turn another worker runs (lease far ahead)."""
+async def queued_turn(url: str) -> str:
+    """A queued turn behind a running one another worker holds (its lease an hour ahead)."""
     engine = create_engine(url)
     try:
         async with create_sessionmaker(engine)() as session, session.begin():
-            key = (await create_key(session, name="bench", owner="bench")).key
-            conversation = await queries.open_conversation(
-                session, owner="bench", channel="api", external_key="c"
+            owner = key_tenant("bench")  # the key's tenant: its conversations' owner
+            conversation = Conversation(
+                owner=owner, channel="api", external_key="c", next_turn_seq=2
             )
-            for status in (TurnStatus.RUNNING, TurnStatus.QUEUED):
-                turn = Turn(
-                    conversation_id=conversation.id,
-                    seq=await queries.allocate_turn_seq(session, conversation.id),
-                    channel="api",
-                    user_text="hello",
-                    status=status,
-                )
-                if status == TurnStatus.RUNNING:
-                    turn.lease_owner = "another-worker"
-                    turn.lease_expires_at = dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)
+            session.add(conversation)
+            await session.flush()
+            lease = dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)
+            running = Turn(conversation_id=conversation.id, seq=0, status=TurnStatus.RUNNING)
+            running.lease_owner, running.lease_expires_at = "another-worker", lease
+            queued = Turn(conversation_id=conversation.id, seq=1, status=TurnStatus.QUEUED)
+            for turn in (running, queued):
+                turn.channel, turn.user_text = "api", "hello"
                 session.add(turn)
-                await session.flush()
-            return key, turn.id
+            await session.flush()
+            return queued.id
     finally:
         await engine.dispose()
 
@@ -99,81 +84,65 @@ async def open_reader(port: int, path: str, key: str) -> asyncio.StreamWriter:
     return writer
 
 
-async def run(args: argparse.Namespace) -> None:
-    async with scratch_database(Path(tempfile.gettempdir()), args.admin_dsn) as url:
-        await measure(args, url)
-
-
 async def measure(args: argparse.Namespace, url: str) -> None:
-    runner: web.AppRunner | None = None
+    turn_id, key = await queued_turn(url), await bench_key(url, "bench", owner="bench")
+    model = build_demo_model(Path(args.model_dir))
+    server = {"max_streams_per_key": args.readers * 2}
+    settings = load_settings(
+        None, database={"url": url}, engine={"model": str(model)}, server=server
+    )
+    app = await create_app(
+        settings,
+        engine=IdleEngine(),  # type: ignore[arg-type]
+        chat_format=ChatFormat(load_tokenizer(str(model)), "bench"),
+    )
+    statements = [0]
+    for db_engine in app[DB_ENGINES].distinct:  # the requests' and the turns'
+        event.listen(
+            db_engine.sync_engine,
+            "before_cursor_execute",
+            lambda *_: statements.__setitem__(0, statements[0] + 1),
+        )
+
+    async def rate_and_tasks(wait_s: float) -> str:
+        await asyncio.sleep(wait_s)
+        before = statements[0]
+        await asyncio.sleep(WINDOW_S)
+        return f"{(statements[0] - before) / WINDOW_S:.1f}/s, {len(asyncio.all_tasks())} tasks"
+
+    runner, base = await serve_on_loopback(app)
     try:
-        key, turn_id = await seed(url)
-        model = build_demo_model(Path(args.model_dir))
-        server = {"max_streams_per_key": args.readers * 2}
-        settings = load_settings(
-            None, database={"url": url}, engine={"model": str(model)}, server=server
-        )
-        app = await create_app(
-            settings,
-            engine=IdleEngine(),  # type: ignore[arg-type]
-            chat_format=ChatFormat(load_tokenizer(str(model)), "bench"),
-        )
-        statements = [0]
-        for db_engine in app[DB_ENGINES].distinct:  # the requests' and the turns'
-            event.listen(
-                db_engine.sync_engine,
-                "before_cursor_execute",
-                lambda *_: statements.__setitem__(0, statements[0] + 1),
-            )
-
-        async def rate() -> float:
-            before = statements[0]
-            await asyncio.sleep(WINDOW_S)
-            return (statements[0] - before) / WINDOW_S
-
-        runner = web.AppRunner(app, handle_signals=False, access_log=None)
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
-        port = runner.addresses[0][1]
-        await asyncio.sleep(1.0)
-        idle_tasks = len(asyncio.all_tasks())
-        idle = await rate()
+        idle = await rate_and_tasks(1.0)
         gate = asyncio.Semaphore(50)
 
         async def one() -> asyncio.StreamWriter:
             async with gate:
-                return await open_reader(port, f"/v1/turns/{turn_id}/events", key)
+                return await open_reader(
+                    int(base.rsplit(":", 1)[1]), f"/v1/turns/{turn_id}/events", key
+                )
 
         started = time.monotonic()
         writers = await asyncio.gather(*(one() for _ in range(args.readers)))
         opened_s = time.monotonic() - started
-        await asyncio.sleep(1.0)
-        busy_tasks = len(asyncio.all_tasks())
-        busy = await rate()
+        busy = await rate_and_tasks(1.0)
         for writer in writers:
             writer.transport.abort()
-        await asyncio.sleep(2.0)
-        left_tasks = len(asyncio.all_tasks())
-        after = await rate()
-        print(
-            f"{args.readers} readers of a queued turn (opened in {opened_s:.1f} s)\n"
-            f"  SQL statements/s: idle {idle:.1f}, with readers {busy:.1f}, "
-            f"2 s after the drop {after:.1f}\n"
-            f"  asyncio tasks: idle {idle_tasks}, with readers {busy_tasks}, "
-            f"2 s after the drop {left_tasks}"
-        )
+        after = await rate_and_tasks(2.0)
+        print(f"{args.readers} readers of a queued turn (opened in {opened_s:.1f} s)")
+        print(f"  SQL statements, asyncio tasks: no reader {idle}; with the readers {busy};")
+        print(f"  2 s after they left {after}")
     finally:
-        if runner is not None:
-            await runner.cleanup()
+        await runner.cleanup()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--readers", type=int, default=500)
-    parser.add_argument("--admin-dsn", default="postgresql://postgres@127.0.0.1:5432/postgres")
-    parser.add_argument("--model-dir", default=str(DEMO_MODEL_DIR))
-    asyncio.run(run(parser.parse_args()))
+async def main(args: argparse.Namespace) -> None:
+    async with scratch_database(Path(tempfile.gettempdir()), args.admin_dsn) as url:
+        await measure(args, url)
 
 
 if __name__ == "__main__":
-    main()
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--readers", type=int, default=500)
+    parser.add_argument("--admin-dsn", default=POSTGRES, help="a PostgreSQL server")
+    parser.add_argument("--model-dir", default=str(DEMO_MODEL_DIR))
+    asyncio.run(main(parser.parse_args()))

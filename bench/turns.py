@@ -1,27 +1,18 @@
 """Benchmark: what the service adds to a chat, next to the same prompts sent straight to vLLM.
 
-N conversations x T turns go through the HTTP API (``POST /v1/messages``, then the turn's
-event stream) from a client in a process of its own (bench/turns_client.py); then the
-exact prompt ids the service built, rebuilt from the stored history, go straight to the
-same engine with the same concurrency, its prefix cache reset in between. Prints:
-
-* the share of cacheable prompt tokens (the previous prompt + reply's full blocks)
-  vLLM served from its prefix cache, turns 2..T: token-exact history keeps it at 100 %;
-* the ack of ``POST /v1/messages`` and the client's TTFT by turn (p50/p99), with the
-  prompt tokens recomputed a turn;
-* the service's own time before the first token: the client's TTFT minus all the time
-  the first text spent in vLLM (its engine client in this process included), and that
-  split at the engine (the POST sent to ``generate`` called; the first text out of vLLM
-  to the client's first delta) and by whether the message came alone or within 10 ms
-  after other chats' POSTs (replies that end in the same engine step send their next
-  messages together, and the service handles them one after another on its loop);
-* the client's TTFT next to the engine's own for the same prompts;
-* the turns' layers (``turn`` log line, ``layer_ms``) p50;
-* end to end through the service against the engine alone, summed over turns and by
-  the wall clock.
+N conversations x T turns through the HTTP API (``POST /v1/messages``, then the turn's
+event stream) from a client process of its own (bench/clients.py); then the exact prompt
+ids the service built, rebuilt from the stored history, straight to the same engine at the
+same concurrency, its prefix cache reset in between. Prints the share of cacheable prompt
+tokens (the previous prompt + reply's full blocks) served from the prefix cache; the ack
+and the client's TTFT by turn; the service's own time before the first token (the client's
+TTFT minus all the time the first text spent in vLLM), split at the engine and by whether
+the message came alone or within 10 ms after other chats' (replies that end in one engine
+step send their next messages together, handled one after another on the loop); the
+client's TTFT next to the engine's for the same prompts; the turns' layers (the ``turn``
+log line's) p50; end to end through the service against the engine alone.
 
 Run:  .venv/bin/python bench/turns.py --conversations 4 --turns 12 --model data/smollm2
-      .venv/bin/python bench/turns.py --conversations 16 --turns 6   (16 chats at once)
       add --pause-ms 500 for a person's pause before each next message (chats out of step)
 """
 
@@ -34,27 +25,13 @@ import os
 import statistics
 import tempfile
 import time
-import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from harness import (
-    add_model_arguments,
-    bench_key,
-    engine_processes,
-    load_average,
-    local_engine,
-    model_name,
-    percentile,
-    prefix_reuse,
-    scratch_database,
-    serve_on_loopback,
-    served_model,
-    service_sections,
-)
+import clients
+import harness
 from sqlalchemy import select
-from turns_client import run_chats_in_subprocess
 
 from bot.app import create_app
 from bot.config import load_settings
@@ -119,14 +96,8 @@ async def direct(
     end) ms each, as a client of the engine would see them."""
     times = []
     for prompt in prompts:
-        request_id = uuid.uuid4().hex
-        request = GenerationRequest(
-            request_id=request_id,
-            prompt_token_ids=prompt,
-            max_tokens=max_tokens,
-            temperature=0.0,
-            top_p=1.0,
-        )
+        request = harness.greedy(prompt, max_tokens)
+        request_id = request.request_id
         async for _ in engine.generate(request):
             pass
         ended = time.perf_counter()
@@ -148,16 +119,20 @@ def burst_places(results: list[dict[str, Any]]) -> dict[str, str]:
 
 
 def line(name: str, values: list[float]) -> None:
-    print(f"{name:<52} {percentile(values, 50):>7.1f}  {percentile(values, 99):>7.1f}")
+    p50, p99 = harness.percentile(values, 50), harness.percentile(values, 99)
+    print(f"{name:<52} {p50:>7.1f}  {p99:>7.1f}")
 
 
 async def main(args: argparse.Namespace) -> None:
     # Per-turn log lines to a terminal would cost the service time the engine does not pay.
     configure_logging(os.environ.get("BENCH_LOG_LEVEL", "WARNING"), "json")
-    model, dtype = served_model(args)
-    async with scratch_database(Path(tempfile.mkdtemp(prefix="bench-turns-")), None) as db_url:
-        sections = service_sections(db_url, local_engine(model, dtype), args.max_tokens)
-        settings = load_settings(None, **sections)
+    model, dtype = harness.served_model(args)
+    workdir = Path(tempfile.mkdtemp(prefix="bench-turns-"))
+    async with harness.scratch_database(workdir, None) as db_url:
+        engine_section = harness.local_engine(model, dtype)
+        settings = load_settings(
+            None, **harness.service_sections(db_url, engine_section, args.max_tokens)
+        )
         engine = FirstTextClock(settings.engine)
         await engine.start()
         try:
@@ -167,14 +142,12 @@ async def main(args: argparse.Namespace) -> None:
 
 
 async def measure(args: argparse.Namespace, engine: FirstTextClock, app: Any, db_url: str) -> None:
-    runner, base = await serve_on_loopback(app)
-    key = await bench_key(db_url, "bench")
-    plan = {
-        "conversations": args.conversations,
-        "turns": args.turns,
-        "pause_s": args.pause_ms / 1000,
-    }
-    chats = await run_chats_in_subprocess(base, key, plan)
+    runner, base = await harness.serve_on_loopback(app)
+    key = await harness.bench_key(db_url, "bench")
+    plan = {"conversations": args.conversations, "turns": args.turns}
+    plan["pause_s"] = args.pause_ms / 1000
+    async with clients.process("chats", base, key=key) as client:
+        chats = await client.ask(plan)
     await runner.cleanup()
     conversations: list[list[dict[str, Any]]] = chats["conversations"]
     results = [r for conversation in conversations for r in conversation]
@@ -192,29 +165,27 @@ async def measure(args: argparse.Namespace, engine: FirstTextClock, app: Any, db
         return u["prompt_tokens"], u["completion_tokens"], u["cached_tokens"]
 
     ended = [[usage(r) for r in chat if r.get("kind") == "done"] for chat in conversations]
-    cached, cacheable = prefix_reuse(ended)
+    cached, cacheable = harness.prefix_reuse(ended)
     own = {r["turn_id"]: r["ttft_ms"] - engine.in_vllm_ms(r["turn_id"]) for r in done}
     places = burst_places(results)
 
     print(f"# {args.conversations} conversations x {args.turns} turns, max_tokens=", end="")
-    print(f"{args.max_tokens}, {model_name(args)}, CPU; load average {load_average()}")
-    print(f"# engine in the service's process: {engine_processes()}")
+    print(
+        f"{args.max_tokens}, {harness.model_name(args)}, CPU; load average {harness.load_average()}"
+    )
     if args.pause_ms:
         print(f"# a pause of {args.pause_ms:g} ms (mean) before each next message")
     print(f"turns: {len(results)} ({len(results) - len(done)} failed)")
     print(f"prefix cache: {cached}/{cacheable} cacheable prompt tokens served from cache", end="")
     print(f" = {100 * cached / max(1, cacheable):.1f} % (turns 2..{args.turns})")
-    acks = [r["ack_ms"] for r in results]
-    print(
-        f"ack POST /v1/messages: p50 {percentile(acks, 50):.1f} ms, p99 {percentile(acks, 99):.1f}"
-    )
+    line("ack of POST /v1/messages, ms p50 / p99", [r["ack_ms"] for r in results])
     print("turn  recomputed(mean)  ttft_p50_ms  ttft_p99_ms")
     for turn in range(args.turns):
         of_turn = [r for r in done if r["turn"] == turn]
         recomputed = statistics.mean(p - c for p, _, c in map(usage, of_turn)) if of_turn else 0
         ttft = [r["ttft_ms"] for r in of_turn]
-        print(f"{turn + 1:>4}  {recomputed:>16.1f}  {percentile(ttft, 50):>11.1f}", end="")
-        print(f"  {percentile(ttft, 99):>11.1f}")
+        print(f"{turn + 1:>4}  {recomputed:>16.1f}  {harness.percentile(ttft, 50):>11.1f}", end="")
+        print(f"  {harness.percentile(ttft, 99):>11.1f}")
     print(f"{'before the first token (ms)':<52} {'p50':>7}  {'p99':>7}")
     line("service's own: client TTFT - time in vLLM to it", list(own.values()))
     for place in ("alone", "after 1 other", "after 2+ others"):
@@ -236,8 +207,8 @@ async def measure(args: argparse.Namespace, engine: FirstTextClock, app: Any, db
         for name, value in r["timings_ms"].items():
             if isinstance(value, int | float):
                 layers.setdefault(name, []).append(float(value))
-    print("layers (turn log line), p50 ms: ", end="")
-    print(", ".join(f"{name} {percentile(values, 50):.1f}" for name, values in layers.items()))
+    p50s = (f"{name} {harness.percentile(values, 50):.1f}" for name, values in layers.items())
+    print("layers (turn log line), p50 ms: " + ", ".join(p50s))
     service_e2e = sum(r["e2e_ms"] for r in done)
     direct_e2e = sum(e2e for chat in direct_times for _, e2e in chat)
     print(f"end to end summed over turns: service {service_e2e:.0f} ms, engine direct", end="")
@@ -247,17 +218,10 @@ async def measure(args: argparse.Namespace, engine: FirstTextClock, app: Any, db
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--conversations", type=int, default=4)
     parser.add_argument("--turns", type=int, default=12)
     parser.add_argument("--max-tokens", type=int, default=48)
-    parser.add_argument(
-        "--pause-ms",
-        type=float,
-        default=0.0,
-        help="each chat waits a random time of this mean (exponential) before its next message",
-    )
-    add_model_arguments(parser)
+    parser.add_argument("--pause-ms", type=float, default=0.0, help="mean pause before a message")
+    harness.add_model_arguments(parser)
     asyncio.run(main(parser.parse_args()))

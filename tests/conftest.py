@@ -46,6 +46,7 @@ SLOW_TESTS = (
     "tests/realmodel/",
     "tests/test_log_levels.py",
     "tests/test_engine_priority.py",
+    "tests/test_bench_runs.py",
     "tests/test_chat_client.py",
     "tests/ops/test_export_while_serving.py",
     "tests/ops/test_first_steps.py",
