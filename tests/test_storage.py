@@ -138,13 +138,16 @@ async def test_a_conversation_created_by_another_request_meanwhile_is_the_one_op
     try:
         async with sessions() as first, sessions() as second, sessions() as probe:
             created = await queries.open_conversation(first, **key)
+            second_pid = await second.scalar(text("SELECT pg_backend_pid()"))
             opening = asyncio.create_task(queries.open_conversation(second, **key))
+            # Its own backend waiting on a lock (other sessions on the database may be too).
             async with asyncio.timeout(10):
-                while not await probe.scalar(  # noqa: ASYNC110 - polled
-                    text(
-                        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-                        " AND datname = current_database()"
+                while (  # noqa: ASYNC110 - polled
+                    await probe.scalar(
+                        text("SELECT wait_event_type FROM pg_stat_activity WHERE pid = :pid"),
+                        {"pid": second_pid},
                     )
+                    != "Lock"
                 ):
                     await asyncio.sleep(0.02)
             await first.commit()
