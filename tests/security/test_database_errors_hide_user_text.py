@@ -8,14 +8,17 @@ stdlib records, stdout and stderr) and the stored error are searched for that te
 
 from __future__ import annotations
 
+import datetime as dt
 import io
 import logging
+import traceback
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import structlog
 from sqlalchemy import text
+from sqlalchemy.exc import DBAPIError
 
 from bot.log import configure_logging
 from bot.storage.db import create_engine, is_sqlite
@@ -99,10 +102,37 @@ async def test_a_refused_write_of_a_secret_logs_no_secret(
         "stored error": turn.error_message or "",
         "final event": repr(final),
     }
-    assert "refuse" in service_log.getvalue(), "the database error was logged"
-    assert "hidden due to hide_parameters" in service_log.getvalue() + records
     for where, content in everything.items():
         assert SECRET not in content, f"the secret is in the {where}"
+    assert "refuse" in service_log.getvalue(), "the database error was logged"
+    assert "hidden due to hide_parameters" in service_log.getvalue() + records
+
+
+async def test_the_refused_statements_error_and_traceback_hold_no_secret(db_url: str) -> None:
+    """The error itself, with its whole chain as a traceback renders it: no parameters, and
+    not PostgreSQL's DETAIL ("Failing row contains (...)", the row with the secret)."""
+    await _refuse_history_entries_holding(db_url, MARKER)
+    engine = create_engine(db_url)
+    try:
+        with pytest.raises(DBAPIError) as raised:
+            async with engine.begin() as connection:
+                await connection.execute(
+                    text(
+                        "INSERT INTO messages (conversation_id, seq, role, text, token_ids,"
+                        " created_at) VALUES (:conversation, 1, 'user', :text, :ids, :at)"
+                    ),
+                    {
+                        "conversation": "c" * 32,
+                        "text": f"my password is {SECRET}",
+                        "ids": b"",
+                        "at": dt.datetime.now(dt.UTC),
+                    },
+                )
+    finally:
+        await engine.dispose()
+    rendered = "".join(traceback.format_exception(raised.value))
+    assert "test_refuse" in rendered or "refused by the test" in rendered
+    assert SECRET not in rendered, rendered
 
 
 def _record_text(record: logging.LogRecord) -> str:
