@@ -12,8 +12,8 @@ after how long:
   else exponential backoff (``first_backoff_s`` doubling up to
   ``max_backoff_s``) with jitter, so replies that failed together do not all
   come back at the same instant.
-- the budget: the time a reply loses to failures (from a call's first failed
-  attempt to its success, over all its calls) stays within ``budget_s`` (the
+- the budget: the time a reply loses to failures (from a call's first failure
+  to its success, over all its calls) stays within ``budget_s`` (the
   platform's ``max_retry_wait_s`` / ``max_flood_wait_s`` / ``retry_for_s``); a
   wait that would pass it is not made, and the reply fails.
 
