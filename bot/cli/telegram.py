@@ -27,6 +27,8 @@ from bot.cli.common import Context
 
 SECRET_BYTES = 32
 """``token_urlsafe(32)``: 43 characters of ``A-Za-z0-9_-``, what Telegram allows in a secret."""
+CLI_RETRY_BUDGET_S = 10.0
+"""How long a command keeps trying a call that fails for a passing reason."""
 
 
 def _bot(ctx: click.Context, name: str) -> TelegramBotSettings:
@@ -42,7 +44,9 @@ def _bot(ctx: click.Context, name: str) -> TelegramBotSettings:
 def _call(bot: TelegramBotSettings, method: str, params: dict[str, Any] | None = None) -> Any:
     async def run() -> Any:
         async with aiohttp.ClientSession() as http:
-            return await TelegramApi.from_settings(http, bot).call(method, params, retry_flood=True)
+            api = TelegramApi.from_settings(http, bot)
+            # An operator waits at the terminal: a short budget, not a reply's.
+            return await api.call(method, params, retry=api.new_retry(CLI_RETRY_BUDGET_S))
 
     try:
         return asyncio.run(run())

@@ -51,6 +51,8 @@ load balancer must come at some point (and the handler not pile up)."""
 class OpsState:
     started: bool = False
     draining: bool = False
+    database_check: asyncio.Task[None] | None = None
+    """The probe's round trip in flight: concurrent checks wait for this one."""
 
 
 METRICS = web.AppKey("metrics", BotMetrics)
@@ -81,7 +83,7 @@ async def readiness(app: web.Application) -> str | None:
     # Statements that just completed say so without a round trip, which under load would
     # wait behind them (bot.recent_answer).
     if not app[DB_ANSWERS].fresh():
-        checks["database"] = _database_answers(app[DB_PROBE])
+        checks["database"] = _joined_database_check(state, app[DB_PROBE])
     if app[TURNS].runs_turns:  # ingress-only: no engine here, the database is all it needs
         checks["engine"] = app[ENGINE].check_health()
     # At once: a probe waits for the slower of the two, not for their sum (a load
@@ -135,6 +137,29 @@ def _unwound(task: asyncio.Task[None]) -> None:
     _unwinding.discard(task)
     if not task.cancelled() and task.exception() is not None:
         log.debug("check_unwound", error=type(task.exception()).__name__)
+
+
+async def _joined_database_check(state: OpsState, probe: AsyncEngine) -> None:
+    """Wait for the probe's round trip in flight, or start one.
+
+    The probe keeps one connection. Probes that came together (a load balancer's,
+    Docker's, an orchestrator's, a burst of them under load) each checked it out:
+    the second opened a connection of its own, one more server process opened and
+    closed per probe, and the third waited for either, past its timeout: "not
+    answering" from a database that answered. Together they share one statement's
+    answer.
+    """
+    task = state.database_check
+    if task is None or task.done():
+        task = state.database_check = asyncio.create_task(_database_answers(probe))
+        _unwinding.add(task)
+        task.add_done_callback(_unwound)
+    try:
+        await asyncio.shield(task)
+    except asyncio.CancelledError:
+        # A check gave up on it: the statement unwinds on its own, as a lone check's did.
+        task.cancel()
+        raise
 
 
 async def _database_answers(probe: AsyncEngine) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 
 import sqlalchemy.exc
 from sqlalchemy import event
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import URL, make_url
 from sqlalchemy.ext.asyncio import (
     AsyncEngine,
     AsyncSession,
@@ -208,6 +208,32 @@ def _on_sqlite_invalidate(dbapi_connection: Any, record: Any, _error: Any) -> No
             dbapi_connection.rollback()
 
 
+def new_async_engine(url: str | URL, **options: Any) -> AsyncEngine:
+    """``create_async_engine`` as every engine of the service has it: no user text in errors.
+
+    A failed statement's error, and so its log line and traceback, would quote the
+    statement's parameters (a message's text) unless ``hide_parameters``; and
+    PostgreSQL's DETAIL quotes the refused row or key ("Failing row contains (...)",
+    "Key (...)=(...) already exists"), which asyncpg's exception text repeats: it is
+    dropped as the error is raised (``_without_row_detail``).
+    """
+    engine = create_async_engine(url, hide_parameters=True, **options)
+    event.listen(engine.sync_engine, "handle_error", _without_row_detail)
+    return engine
+
+
+def _without_row_detail(context: Any) -> None:
+    seen: set[int] = set()
+    error: BaseException | None = context.original_exception
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        # asyncpg's PostgresMessage: its text adds ``detail`` (the row, the key) and ``hint``.
+        if getattr(error, "detail", None) is not None:
+            with contextlib.suppress(AttributeError, TypeError):
+                error.detail = None  # type: ignore[attr-defined]
+        error = error.__cause__ or error.__context__
+
+
 def is_sqlite(url: str) -> bool:
     return make_url(url).get_backend_name() == "sqlite"
 
@@ -225,7 +251,7 @@ def create_engine(url: str, *, echo: bool = False, **pool: int) -> AsyncEngine:
         # aiosqlite's own adapter makes four trips to its thread per statement, each
         # while a writer holds the write lock; this one makes one (sqlite_driver.py).
         module = OneTripDBAPI() if parsed.get_driver_name() == "aiosqlite" else None
-        engine = create_async_engine(url, echo=echo, module=module)
+        engine = new_async_engine(url, echo=echo, module=module)
         event.listen(engine.sync_engine, "connect", _on_sqlite_connect)
         event.listen(engine.sync_engine, "begin", _on_sqlite_begin)
         event.listen(engine.sync_engine, "commit", _on_sqlite_commit)
@@ -237,7 +263,7 @@ def create_engine(url: str, *, echo: bool = False, **pool: int) -> AsyncEngine:
         event.listen(engine.sync_engine.pool, "reset", _on_sqlite_reset)
         event.listen(engine.sync_engine.pool, "invalidate", _on_sqlite_invalidate)
         return engine
-    return _checked_at_checkout(create_async_engine(url, echo=echo, **pool))
+    return _checked_at_checkout(new_async_engine(url, echo=echo, **pool))
 
 
 SERVICE_POOL = {"pool_size": 10, "max_overflow": 0}
@@ -377,10 +403,10 @@ def create_probe_engine(url: str, *, one_round_trip: bool = False) -> AsyncEngin
     statement instead of the ping: callers try once more (``connection_invalidated``).
     """
     if is_sqlite(url):
-        return create_async_engine(url, poolclass=NullPool)
+        return new_async_engine(url, poolclass=NullPool)
     if one_round_trip:
-        return create_async_engine(url, pool_size=1, max_overflow=1, isolation_level="AUTOCOMMIT")
-    return _checked_at_checkout(create_async_engine(url, pool_size=1, max_overflow=1))
+        return new_async_engine(url, pool_size=1, max_overflow=1, isolation_level="AUTOCOMMIT")
+    return _checked_at_checkout(new_async_engine(url, pool_size=1, max_overflow=1))
 
 
 class PromptSession(AsyncSession):

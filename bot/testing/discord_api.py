@@ -144,8 +144,14 @@ class FakeDiscordApi:
         """The next call on ``route`` (a template) gets 429 with this ``retry_after``."""
         self._injected.append((route, 429, retry_after))
 
-    def fail_next(self, route: str, status: int = 502) -> None:
-        self._injected.append((route, status, 0.0))
+    def fail_next(self, route: str, status: int = 502, *, times: int = 1) -> None:
+        """The next ``times`` calls on ``route`` get ``status`` (a 5xx: Discord's own trouble)."""
+        self._injected.extend([(route, status, 0.0)] * times)
+
+    def drop_next(self, route: str) -> None:
+        """The next call on ``route`` has its connection closed without an answer, before
+        the call is carried out."""
+        self._injected.append((route, 0, 0.0))
 
     def calls_on(self, route: str) -> list[Call]:
         return [call for call in self.calls if call.route == route]
@@ -174,6 +180,11 @@ class FakeDiscordApi:
             return self._error(404, "404: Not Found", 0, f"{method} ?")
         now = time.monotonic()
         bucket = self._buckets.setdefault((method, route, major), Bucket())
+        if self._drops_next(route):
+            self.calls.append(Call(method, route, arrived, 0, body))
+            assert request.transport is not None
+            request.transport.close()
+            return web.Response(status=500)  # never sent: the connection is gone
         limited = self._limited(route, bucket, now)
         if limited is not None:
             self.calls.append(Call(method, route, arrived, limited.status, body))
@@ -182,6 +193,15 @@ class FakeDiscordApi:
         self.calls.append(Call(method, route, arrived, response.status, body))
         self._count(bucket, now, response)
         return response
+
+    def _drops_next(self, route: str) -> bool:
+        for index, (injected_route, status, _) in enumerate(self._injected):
+            if injected_route == route:
+                if status != 0:
+                    return False
+                del self._injected[index]
+                return True
+        return False
 
     def _limited(self, route: str, bucket: Bucket, now: float) -> web.Response | None:
         if bucket.blocked_until > now:

@@ -178,13 +178,26 @@ class FakeSlackApi:
         }
 
     def fail(
-        self, method: str, error: str, *, times: int = 1, retry_after: float | None = None
+        self,
+        method: str,
+        error: str,
+        *,
+        times: int = 1,
+        retry_after: float | None = None,
+        status: int | None = None,
     ) -> None:
-        """The next ``times`` calls of ``method`` answer ``error`` (429 for ``ratelimited``)."""
+        """The next ``times`` calls of ``method`` answer ``error``, with HTTP ``status``
+        (default: 429 for ``ratelimited``, else 200 as Slack answers refusals; a 5xx is
+        Slack's own trouble)."""
         for _ in range(times):
-            self._failures.append(
-                (method, error, 429 if error == "ratelimited" else 200, retry_after)
-            )
+            code = status if status is not None else 429 if error == "ratelimited" else 200
+            self._failures.append((method, error, code, retry_after))
+
+    def drop_connection(self, method: str, *, times: int = 1) -> None:
+        """Close the connection of the next ``times`` calls of ``method`` without an answer,
+        before the call is carried out."""
+        for _ in range(times):
+            self._failures.append((method, "", 0, None))
 
     def revoke(self, token: str) -> None:
         self.workspaces[token].revoked = True
@@ -309,6 +322,11 @@ class FakeSlackApi:
         for index, (name, error, status, retry_after) in enumerate(self._failures):
             if name == method:
                 del self._failures[index]
+                if status == 0:
+                    self.calls.append(Call(method, args, team, 0, {}, time.monotonic()))
+                    assert request.transport is not None
+                    request.transport.close()
+                    return web.Response(status=500)  # never sent: the connection is gone
                 headers = (
                     {"Retry-After": str(retry_after or self.retry_after_s)}
                     if status == 429

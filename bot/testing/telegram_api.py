@@ -16,7 +16,7 @@ of being dropped.
 Tests read ``calls`` (every call, answered or refused), ``messages(chat_id)``
 (what the chat shows now), ``drafts``, and ``flood_violations`` (calls that
 came while the chat was told to wait), and inject failures with ``fail``,
-``inject_flood``, ``revoke``, ``block``.
+``inject_flood``, ``drop_connection``, ``revoke``, ``block``.
 """
 
 from __future__ import annotations
@@ -121,6 +121,10 @@ SIGNATURES: dict[str, tuple[set[str], set[str]]] = {
 }
 
 
+class _DropConnection(Exception):
+    """Close the connection without an answer, before the call is carried out."""
+
+
 class ApiRefusal(Exception):
     def __init__(self, error_code: int, description: str, retry_after: int | None = None) -> None:
         super().__init__(description)
@@ -201,6 +205,7 @@ class FailRule:
     chat_id: int | None
     times: int
     retry_after: int | None = None
+    drop: bool = False
 
 
 @dataclass
@@ -281,6 +286,13 @@ class FakeTelegram:
         """Refuse the next ``times`` matching calls with this error."""
         self._rules.append(FailRule(error_code, description, method, chat_id, times, retry_after))
 
+    def drop_connection(
+        self, *, method: str | None = None, chat_id: int | None = None, times: int = 1
+    ) -> None:
+        """Close the connection of the next ``times`` matching calls without answering them
+        (a proxy or Telegram's front end failing); the calls are not carried out."""
+        self._rules.append(FailRule(0, "connection dropped", method, chat_id, times, drop=True))
+
     def inject_flood(
         self, chat_id: int, retry_after: int = 1, *, method: str | None = None
     ) -> None:
@@ -352,6 +364,12 @@ class FakeTelegram:
             await asyncio.sleep(self.latency_s)
         try:
             result = self._dispatch(token, method, params, call)
+        except _DropConnection:
+            call.ok, call.description = False, "connection dropped"
+            self._changed.set()
+            assert request.transport is not None
+            request.transport.close()
+            return web.Response(status=500)  # never sent: the connection is gone
         except ApiRefusal as refusal:
             call.ok = False
             call.error_code, call.description = refusal.error_code, refusal.description
@@ -390,6 +408,8 @@ class FakeTelegram:
             if rule.error_code == 429 and method not in COUNTED:
                 continue
             rule.times -= 1
+            if rule.drop:
+                raise _DropConnection
             description = rule.description
             if rule.error_code == 429 and rule.retry_after is not None:
                 description = f"Too Many Requests: retry after {rule.retry_after}"

@@ -80,7 +80,7 @@ async def test_retry_flood_waits_and_delivers(
 ) -> None:
     fake_telegram.inject_flood(PRIVATE_CHAT, retry_after=1)
     result = await api.call(
-        "sendMessage", {"chat_id": PRIVATE_CHAT, "text": "final"}, retry_flood=True
+        "sendMessage", {"chat_id": PRIVATE_CHAT, "text": "final"}, retry=True
     )
     assert result["text"] == "final"
     assert [call.ok for call in fake_telegram.calls_of("sendMessage")] == [False, True]
@@ -101,7 +101,7 @@ async def test_a_flood_wait_longer_than_allowed_gives_up(
     fake_telegram.inject_flood(PRIVATE_CHAT, retry_after=3600)
     started = time.monotonic()
     with pytest.raises(TelegramApiError) as raised:
-        await api.call("sendMessage", {"chat_id": PRIVATE_CHAT, "text": "x"}, retry_flood=True)
+        await api.call("sendMessage", {"chat_id": PRIVATE_CHAT, "text": "x"}, retry=True)
     assert raised.value.retry_after == 3600
     assert time.monotonic() - started < 1
 

@@ -42,6 +42,11 @@ class Receiver:
     """Then answer 503 to every attempt until this long after the first attempt."""
     first_attempt_at: float | None = None
     always_fail: int | None = None
+    drop_next: int = 0
+    """Close the connection of the next attempts without an answer (and without taking them)."""
+    late_next: int = 0
+    """Take the next attempts (2xx), but answer them only after ``late_s``."""
+    late_s: float = 0.0
     delay_s: float = 0.0
     in_flight: int = 0
     accepted_one: asyncio.Event = field(default_factory=asyncio.Event)
@@ -58,6 +63,17 @@ class Receiver:
         self.arrived_one.set()
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:
+            if self.drop_next:
+                self.drop_next -= 1
+                self.attempts.append(Callback(dict(request.headers), body, 0))
+                assert request.transport is not None
+                request.transport.close()
+                return web.Response(status=500)  # never sent: the connection is gone
+            if self.late_next:
+                self.late_next -= 1
+                self.attempts.append(Callback(dict(request.headers), body, 200))
+                await asyncio.sleep(self.late_s)
+                return web.Response(status=200)
             if self.delay_s:
                 await asyncio.sleep(self.delay_s)
             status = 200

@@ -6,7 +6,8 @@ it waits while the call's bucket is known to be empty or a 429's
 ``retry_after`` runs, makes the request, reads Discord's ``X-RateLimit-*``
 headers into the shared ``Pacer`` and turns a failure into one
 ``DiscordCallError``. It does not retry: the caller (a reply sink) knows
-whether a call is still worth making and holds its own budget of waits.
+whether a call is still worth making and holds the reply's ``DeliveryRetry``
+(``bot.channels.delivery_retry``), fed by the ``CallFailure`` each error carries.
 
 Rate limits are per route and per "major parameter" (a channel, a webhook
 and its token); a 429's JSON body says for how long (``retry_after``,
@@ -25,6 +26,7 @@ from typing import Any
 
 import aiohttp
 
+from bot.channels.delivery_retry import CallFailure, Network, network_failure
 from bot.channels.discord.settings import DiscordBotSettings
 from bot.channels.slack.pacing import Pacer
 from bot.errors import ErrorClass
@@ -69,6 +71,7 @@ class DiscordCallError(Exception):
         code: int | None = None,
         error: str | None = None,
         retry_after: float | None = None,
+        network: Network | None = None,
     ) -> None:
         what = error or (f"HTTP {status}" + (f" code {code}" if code is not None else ""))
         super().__init__(f"{route}: {what}")
@@ -77,6 +80,7 @@ class DiscordCallError(Exception):
         self.code = code
         self.error = error
         self.retry_after = retry_after
+        self.network = network
 
     @property
     def error_class(self) -> ErrorClass:
@@ -91,9 +95,8 @@ class DiscordCallError(Exception):
         return ErrorClass.DELIVERY
 
     @property
-    def transient(self) -> bool:
-        """Worth trying again soon: the network, a timeout, or Discord's own 5xx."""
-        return self.error in (NETWORK_ERROR, TIMEOUT_ERROR) or (self.status or 0) >= 500
+    def failure(self) -> CallFailure:
+        return CallFailure(status=self.status, retry_after=self.retry_after, network=self.network)
 
     @property
     def fatal(self) -> bool:
@@ -159,10 +162,17 @@ class DiscordApi:
                     )
                 return document
         except TimeoutError:
-            raise DiscordCallError(call.route, status=None, error=TIMEOUT_ERROR) from None
-        except aiohttp.ClientError:
+            raise DiscordCallError(
+                call.route, status=None, error=TIMEOUT_ERROR, network=Network.TIMEOUT
+            ) from None
+        except aiohttp.ClientError as exc:
             # The exception's text may hold the URL, and with it a webhook token.
-            raise DiscordCallError(call.route, status=None, error=NETWORK_ERROR) from None
+            raise DiscordCallError(
+                call.route,
+                status=None,
+                error=NETWORK_ERROR,
+                network=network_failure(exc).network,
+            ) from None
 
     def _note_bucket(self, call: Call, headers: Any) -> None:
         """An emptied bucket: no call of it before it resets (``X-RateLimit-Reset-After``)."""

@@ -28,8 +28,10 @@ import struct
 import structlog
 from sqlalchemy import text
 from sqlalchemy.engine import URL
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.pool import NullPool
+
+from bot.storage.db import new_async_engine
 
 log = structlog.get_logger(__name__)
 
@@ -77,9 +79,7 @@ class AdvisoryLease(GatewayLease):
 
     def __init__(self, url: URL, application_id: str, *, poll_s: float) -> None:
         # Its own engine, no pool: the connection lives exactly as long as the lease.
-        self._engine: AsyncEngine = create_async_engine(
-            url, poolclass=NullPool, hide_parameters=True
-        )
+        self._engine: AsyncEngine = new_async_engine(url, poolclass=NullPool)
         self._key = lock_key(application_id)
         self._poll_s = poll_s
         self._connection: AsyncConnection | None = None

@@ -24,7 +24,8 @@ EDIT_INTERVAL_S = 1.0
 POST_INTERVAL_S = 1.0
 """Spacing of new messages in one channel (a reply continued past 2,000 characters)."""
 MAX_RETRY_WAIT_S = 120.0
-"""A reply whose 429 waits add up to more than this gives up instead of stalling its turn."""
+"""The time one reply may lose to retried failures (429s, 5xx, the network) before it gives up
+instead of stalling its turn (``bot.channels.delivery_retry``)."""
 REQUEST_TIMEOUT_S = 10.0
 SIGNATURE_WINDOW_S = 300.0
 """An interaction whose ``X-Signature-Timestamp`` is further off than this is a replay: 401."""

@@ -5,9 +5,11 @@ delivery's next call may go (``DiscordApi.delay``: about one edit a second,
 later while a bucket is empty or a 429's wait runs). Failures:
 
 - 429: the pump waits out ``retry_after`` (every reply in the same bucket does:
-  the shared ``Pacer``) and pushes again, giving up once the waits add up to
-  ``max_retry_wait_s``;
-- network, timeout, Discord's 5xx: a few retries with backoff;
+  the shared ``Pacer``) and pushes again;
+- network, timeout, Discord's 5xx: pushed again after a backoff with jitter;
+- both within the reply's budget: the time it loses to failures stays within
+  ``max_retry_wait_s`` (``bot.channels.delivery_retry``, one policy for every
+  platform);
 - an interaction's token past its 15 minutes, 401, 403, 404: give up at once.
 """
 
@@ -17,6 +19,7 @@ import asyncio
 
 import structlog
 
+from bot.channels.delivery_retry import DeliveryRetry
 from bot.channels.discord.api import DiscordCallError
 from bot.channels.discord.deliveries import Delivery, TokenExpired
 from bot.channels.pump import PacedReplySink
@@ -24,8 +27,6 @@ from bot.errors import DeliveryError, ErrorClass
 
 log = structlog.get_logger(__name__)
 
-MAX_TRANSIENT_RETRIES = 3
-TRANSIENT_BACKOFF_S = 0.5
 # A half-decoded character at the end of the text so far: wait for the rest of it.
 _INCOMPLETE = "\ufffd"
 
@@ -34,10 +35,8 @@ class DiscordReplySink(PacedReplySink):
     def __init__(self, delivery: Delivery, *, max_retry_wait_s: float, turn_id: str) -> None:
         super().__init__(log=log.bind(turn_id=turn_id), task_name=f"discord-reply-{turn_id}")
         self._delivery = delivery
-        self._max_retry_wait_s = max_retry_wait_s
         self._fatal = False
-        self._transient = 0
-        self._rate_waited_s = 0.0
+        self._retry = DeliveryRetry(max_retry_wait_s)
 
     def _next_delay(self) -> float:
         return self._delivery.next_delay()
@@ -50,43 +49,46 @@ class DiscordReplySink(PacedReplySink):
             raise DeliveryError(ErrorClass.DELIVERY, "interaction token expired") from None
         except DiscordCallError as exc:
             return await self._after_call_error(exc)
-        self._transient = 0
+        self._retry.succeeded()
         return False
 
     async def _after_call_error(self, exc: DiscordCallError) -> bool:
-        """True to push again: a 429 within budget, or a transient error within its retries."""
-        if exc.retry_after is not None:
-            self._rate_waited_s += exc.retry_after
-            if self._rate_waited_s > self._max_retry_wait_s:
-                raise DeliveryError(
-                    ErrorClass.RATE_LIMITED, f"{exc}; waited {self._rate_waited_s:.0f} s"
-                )
-            self._log.info("discord_rate_limited", route=exc.route, retry_after=exc.retry_after)
-            if exc.status != 429:  # not a bucket the pacer blocks: wait here
-                await asyncio.sleep(exc.retry_after)
-            return True
-        if exc.transient and self._transient < MAX_TRANSIENT_RETRIES:
-            self._transient += 1
-            await asyncio.sleep(TRANSIENT_BACKOFF_S * 2 ** (self._transient - 1))
-            return True
-        self._fatal = exc.fatal
-        raise DeliveryError(exc.error_class, str(exc))
+        """True to push again: the policy found the failure passing and the wait in budget."""
+        wait = self._retry.next_wait(exc.failure)
+        if wait is None:
+            self._fatal = exc.fatal
+            lost = f"; lost {self._retry.lost_s:.0f} s to failures" if self._retry.retries else ""
+            raise DeliveryError(exc.error_class, f"{exc}{lost}")
+        self._log.info(
+            "discord_call_retry",
+            route=exc.route,
+            status=exc.status,
+            network=exc.network,
+            retry_after=exc.retry_after,
+            wait_s=round(wait, 3),
+            # A follow-up message whose answer was lost may be posted twice.
+            may_duplicate=exc.failure.may_have_landed,
+        )
+        if exc.status != 429:  # not a bucket the pacer blocks: wait here
+            await asyncio.sleep(wait)
+        return True
 
     async def _apologise(self, error_class: ErrorClass, user_message: str) -> None:
         """Where Discord still takes it, say the reply failed."""
         if self._fatal or error_class is ErrorClass.AUTH:
             self._log.info("discord_apology_skipped", error_class=error_class.value)
             return
-        for _attempt in range(2):
+        while True:
             try:
                 await self._delivery.apologise(user_message)
                 return
             except TokenExpired:
-                break
+                self._log.warning("discord_apology_failed", error="interaction token expired")
+                return
             except DiscordCallError as exc:
-                retry = exc.retry_after
-                if retry is None or retry > self._max_retry_wait_s:
+                wait = self._retry.next_wait(exc.failure)
+                if wait is None:
                     self._log.warning("discord_apology_failed", error=str(exc))
                     return
-                await asyncio.sleep(retry)
-        self._log.warning("discord_apology_failed", error="rate limited or token expired")
+                if exc.status != 429:
+                    await asyncio.sleep(wait)

@@ -4,7 +4,8 @@ slack_sdk's ``AsyncWebClient`` does the HTTP (token in the Authorization
 header, never in a URL); this module only narrows its answers to
 ``SlackCallError(method, error, retry_after)`` and maps Slack's error codes
 onto our ``ErrorClass``. Its built-in retry handlers are switched off: the
-reply sinks pace and retry themselves, knowing which calls are safe to repeat.
+reply sinks pace, and retry by the service's one policy
+(``bot.channels.delivery_retry``) from the ``CallFailure`` each error carries.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import aiohttp
 from slack_sdk.errors import SlackApiError, SlackRequestError
 from slack_sdk.web.async_client import AsyncWebClient
 
+from bot.channels.delivery_retry import CallFailure, Network, network_failure
 from bot.channels.slack.settings import SlackAppSettings
 from bot.errors import ErrorClass
 from bot.metrics import note_rate_limited
@@ -76,21 +78,23 @@ class SlackCallError(Exception):
         *,
         retry_after: float | None = None,
         status: int | None = None,
+        network: Network | None = None,
     ) -> None:
         super().__init__(f"{method}: {error}")
         self.method = method
         self.error = error
         self.retry_after = retry_after
         self.status = status
+        self.network = network
 
     @property
     def error_class(self) -> ErrorClass:
         return classify(self.error)
 
     @property
-    def transient(self) -> bool:
-        """Worth trying again soon: the network, a timeout, or Slack's own 5xx."""
-        return self.error in (NETWORK_ERROR, TIMEOUT_ERROR) or (self.status or 0) >= 500
+    def failure(self) -> CallFailure:
+        """What the retry policy decides on (Slack answers most refusals with HTTP 200)."""
+        return CallFailure(status=self.status, retry_after=self.retry_after, network=self.network)
 
     @property
     def fatal(self) -> bool:
@@ -147,9 +151,11 @@ class SlackApi:
                 error = "ratelimited"
             raise SlackCallError(method, error, retry_after=retry_after, status=status) from None
         except TimeoutError:
-            raise SlackCallError(method, TIMEOUT_ERROR) from None
+            raise SlackCallError(method, TIMEOUT_ERROR, network=Network.TIMEOUT) from None
         except (aiohttp.ClientError, SlackRequestError) as exc:
-            raise SlackCallError(method, NETWORK_ERROR) from exc
+            raise SlackCallError(
+                method, NETWORK_ERROR, network=network_failure(exc).network
+            ) from exc
         data = response.data
         return data if isinstance(data, dict) else {}
 

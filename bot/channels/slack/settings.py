@@ -24,7 +24,7 @@ DEFAULT_MAX_MESSAGE_CHARS = 4000
 SLACK_MAX_TEXT_CHARS = 40_000
 # Room for a closed code fence and a few words; lower only makes sense in tests.
 MIN_MESSAGE_CHARS = 40
-# A rate-limited reply waits out Retry-After; past this total it gives up.
+# The time one reply may lose to retried failures (429s, 5xx, the network) before it gives up.
 DEFAULT_MAX_RETRY_WAIT_S = 120.0
 DEFAULT_API_TIMEOUT_S = 10
 # users.info answers are cached; display names change rarely.

@@ -5,8 +5,11 @@ slot of the current delivery. Failures are kept and raised from the next
 ``delta`` / ``finish`` as ``DeliveryError``:
 
 - 429: the pump waits out ``Retry-After`` (all replies of the workspace do) and
-  pushes again, giving up once the waits add up to ``max_retry_wait_s``;
-- network, timeout, Slack 5xx: a few retries with backoff;
+  pushes again;
+- network, timeout, Slack 5xx: pushed again after a backoff with jitter;
+- both within the reply's budget: the time it loses to failures stays within
+  ``max_retry_wait_s`` (``bot.channels.delivery_retry``, one policy for every
+  platform);
 - anything else (auth, channel_not_found, ...): give up at once.
 
 ``auto`` mode starts with streams and falls back to chat.postMessage +
@@ -21,6 +24,7 @@ from typing import Any
 
 import structlog
 
+from bot.channels.delivery_retry import DeliveryRetry
 from bot.channels.pump import PacedReplySink
 from bot.channels.slack.api import SlackCallError
 from bot.channels.slack.deliveries import (
@@ -36,8 +40,6 @@ from bot.errors import DeliveryError, ErrorClass
 
 log = structlog.get_logger(__name__)
 
-MAX_TRANSIENT_RETRIES = 3
-TRANSIENT_BACKOFF_S = 0.5
 # A half-decoded character at the end of the text so far: wait for the rest of it.
 _INCOMPLETE = "\ufffd"
 
@@ -56,8 +58,7 @@ class SlackReplySink(PacedReplySink):
             else UpdateDelivery(out, target)
         )
         self._fatal = False
-        self._transient = 0
-        self._rate_waited_s = 0.0
+        self._retry = DeliveryRetry(out.settings.max_retry_wait_s)
 
     def _next_delay(self) -> float:
         return self._delivery.next_delay()
@@ -80,44 +81,48 @@ class SlackReplySink(PacedReplySink):
             raise DeliveryError(ErrorClass.CANCELLED, "stopped_by_user") from None
         except SlackCallError as exc:
             return await self._after_call_error(exc)
-        self._transient = 0
+        self._retry.succeeded()
         return False
 
     async def _after_call_error(self, exc: SlackCallError) -> bool:
-        """True to push again: a 429 within budget, or a transient error within its retries."""
-        if exc.retry_after is not None:
-            self._rate_waited_s += exc.retry_after
-            if self._rate_waited_s > self._out.settings.max_retry_wait_s:
-                raise DeliveryError(
-                    ErrorClass.RATE_LIMITED, f"{exc}; waited {self._rate_waited_s:.0f} s"
-                )
-            self._log.info("slack_rate_limited", method=exc.method, retry_after=exc.retry_after)
-            return True
-        if exc.transient and self._transient < MAX_TRANSIENT_RETRIES:
-            self._transient += 1
-            await asyncio.sleep(TRANSIENT_BACKOFF_S * 2 ** (self._transient - 1))
-            return True
-        self._fatal = exc.fatal
-        raise DeliveryError(exc.error_class, str(exc))
+        """True to push again: the policy found the failure passing and the wait in budget."""
+        wait = self._retry.next_wait(exc.failure)
+        if wait is None:
+            self._fatal = exc.fatal
+            lost = f"; lost {self._retry.lost_s:.0f} s to failures" if self._retry.retries else ""
+            raise DeliveryError(exc.error_class, f"{exc}{lost}")
+        self._log.info(
+            "slack_call_retry",
+            method=exc.method,
+            error=exc.error,
+            retry_after=exc.retry_after,
+            wait_s=round(wait, 3),
+            # A chat.postMessage or chat.appendStream whose answer was lost may repeat.
+            may_duplicate=exc.failure.may_have_landed,
+        )
+        if exc.retry_after is None:
+            await asyncio.sleep(wait)
+        # After a 429 the pacer holds the method for Retry-After: the next push waits there.
+        return True
 
     async def _apologise(self, error_class: ErrorClass, user_message: str) -> None:
         """Where Slack still takes it, post a short apology."""
         if self._fatal or error_class is ErrorClass.AUTH:
             self._log.info("slack_apology_skipped", error_class=error_class.value)
             return
-        for _attempt in range(2):
+        while True:
             try:
                 await self._delivery.apologise(user_message)
                 return
             except SlackCallError as exc:
-                retry = exc.retry_after
-                if retry is None or retry > self._out.settings.max_retry_wait_s:
+                wait = self._retry.next_wait(exc.failure)
+                if wait is None:
                     self._log.warning("slack_apology_failed", error=exc.error)
                     return
-                await asyncio.sleep(retry)
-        self._log.warning("slack_apology_failed", error="ratelimited")
+                if exc.retry_after is None:
+                    await asyncio.sleep(wait)
 
     def describe(self) -> dict[str, Any]:
         """For the turn's log line."""
         mode = "stream" if isinstance(self._delivery, StreamDelivery) else "update"
-        return {"mode": mode, "rate_waited_s": round(self._rate_waited_s, 3)}
+        return {"mode": mode, "retry_lost_s": round(self._retry.lost_s, 3)}

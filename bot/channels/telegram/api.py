@@ -3,9 +3,12 @@
 Every call goes through ``TelegramApi.call``: it waits for the chat's turn
 (``pacing``), posts JSON on the service's one shared ``aiohttp.ClientSession``,
 and turns a refusal into ``TelegramApiError`` with an ``ErrorClass``. A 429
-blocks the chat for ``retry_after``; callers that must deliver (final text)
-ask for the call to be retried after that wait, callers that can drop the
-call (a streamed preview) do not.
+blocks the chat for ``retry_after``. Callers that must deliver (the final
+text, a command's notice) pass a ``DeliveryRetry``
+(``bot.channels.delivery_retry``): a 429, a 5xx, a connection refused or
+dropped, a timeout are then tried again within its budget
+(``max_flood_wait_s``). Callers that can drop the call (a streamed preview,
+typing) do not.
 
 The token sits in the URL path, as the Bot API requires, so no URL and no
 aiohttp exception text (which may quote the URL) ever reaches an error
@@ -14,12 +17,14 @@ message or a log line from here.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import aiohttp
 import structlog
 from pydantic import SecretStr
 
+from bot.channels.delivery_retry import CallFailure, DeliveryRetry, network_failure
 from bot.channels.telegram.pacing import ChatPacer, PacingPolicy
 from bot.channels.telegram.settings import TelegramBotSettings
 from bot.errors import ErrorClass
@@ -29,8 +34,6 @@ log = structlog.get_logger(__name__)
 
 PACED_METHODS = frozenset({"sendMessage", "editMessageText", "sendMessageDraft"})
 """Methods that count against the per-chat message limits."""
-MAX_FLOOD_RETRIES = 5
-"""Retries of one call after 429s; Telegram's retry_after should make one enough."""
 
 
 class TelegramApiError(Exception):
@@ -44,6 +47,7 @@ class TelegramApiError(Exception):
         *,
         retry_after: float | None = None,
         error_class: ErrorClass | None = None,
+        failure: CallFailure | None = None,
     ) -> None:
         super().__init__(f"telegram {method}: {error_code} {description}")
         self.method = method
@@ -51,6 +55,7 @@ class TelegramApiError(Exception):
         self.description = description
         self.retry_after = retry_after
         self.error_class = error_class or classify(error_code)
+        self.failure = failure or CallFailure(status=error_code, retry_after=retry_after)
 
     @property
     def is_not_modified(self) -> bool:
@@ -119,38 +124,61 @@ class TelegramApi:
             max_flood_wait_s=settings.max_flood_wait_s,
         )
 
+    def new_retry(self, budget_s: float | None = None) -> DeliveryRetry:
+        """The retry state of one reply (or one notice): ``max_flood_wait_s`` unless told."""
+        return DeliveryRetry(self.max_flood_wait_s if budget_s is None else budget_s)
+
     async def call(
-        self, method: str, params: dict[str, Any] | None = None, *, retry_flood: bool = False
+        self,
+        method: str,
+        params: dict[str, Any] | None = None,
+        *,
+        retry: DeliveryRetry | bool = False,
     ) -> Any:
-        """Call ``method``; with ``retry_flood``, wait out 429s up to ``max_flood_wait_s``."""
+        """Call ``method``; with ``retry`` (True: a fresh ``new_retry()``), transient failures
+        are tried again within that reply's budget."""
         params = params or {}
         chat_id = _chat_of(params)
         paced = method in PACED_METHODS
-        floods = 0
+        policy = self.new_retry() if retry is True else retry or None
         while True:
             await self.pacer.wait(chat_id, paced=paced)
             self.pacer.reserve(chat_id, paced=paced)
             try:
-                return await self._post(method, params)
+                result = await self._post(method, params)
             except TelegramApiError as exc:
+                wait = self._after_failure(exc, chat_id, policy)
+                if wait is None:
+                    raise
                 if exc.retry_after is None:
-                    raise
-                self.pacer.flood(chat_id, exc.retry_after)
-                floods += 1
-                note_rate_limited("telegram")
-                log.warning(
-                    "telegram_flood_wait",
-                    method=method,
-                    chat_id=chat_id,
-                    retry_after=exc.retry_after,
-                    will_retry=retry_flood,
-                )
-                if (
-                    not retry_flood
-                    or exc.retry_after > self.max_flood_wait_s
-                    or floods > MAX_FLOOD_RETRIES
-                ):
-                    raise
+                    await asyncio.sleep(wait)
+                # After a 429 the pacer holds the chat for retry_after: its wait is the wait.
+                continue
+            if policy is not None:
+                policy.succeeded()
+            return result
+
+    def _after_failure(
+        self, exc: TelegramApiError, chat_id: int | None, policy: DeliveryRetry | None
+    ) -> float | None:
+        """Seconds until the call is tried again, or None to raise ``exc``."""
+        if exc.retry_after is not None:
+            self.pacer.flood(chat_id, exc.retry_after)
+            note_rate_limited("telegram")
+        wait = policy.next_wait(exc.failure) if policy is not None else None
+        if exc.retry_after is not None or wait is not None:
+            log.warning(
+                "telegram_call_retry" if wait is not None else "telegram_call_failed",
+                method=exc.method,
+                chat_id=chat_id,
+                error_code=exc.error_code,
+                network=exc.failure.network,
+                retry_after=exc.retry_after,
+                wait_s=None if wait is None else round(wait, 3),
+                # A sendMessage whose answer was lost may be shown twice once retried.
+                may_duplicate=wait is not None and exc.failure.may_have_landed,
+            )
+        return wait
 
     async def _post(self, method: str, params: dict[str, Any]) -> Any:
         url = f"{self._base_url}/bot{self._token.get_secret_value()}/{method}"
@@ -161,9 +189,13 @@ class TelegramApi:
                     body = await response.json(content_type=None)
                 except ValueError:
                     body = None
-        except TimeoutError:
+        except TimeoutError as exc:
             raise TelegramApiError(
-                method, 0, "no answer in time", error_class=ErrorClass.TIMEOUT
+                method,
+                0,
+                "no answer in time",
+                error_class=ErrorClass.TIMEOUT,
+                failure=network_failure(exc),
             ) from None
         except aiohttp.ClientError as exc:
             # ``from None``: the original's text may quote the URL, token included.
@@ -172,6 +204,7 @@ class TelegramApi:
                 0,
                 f"cannot reach the Bot API ({type(exc).__name__})",
                 error_class=ErrorClass.NETWORK,
+                failure=network_failure(exc),
             ) from None
         if not isinstance(body, dict):
             raise TelegramApiError(method, status, "answer is not a JSON object")

@@ -101,7 +101,7 @@ class TelegramBot:
 
         async def send() -> None:
             try:
-                await self.api.call("sendMessage", params, retry_flood=True)
+                await self.api.call("sendMessage", params, retry=True)
             except TelegramApiError as exc:
                 log.warning(
                     "telegram_notice_undelivered",

@@ -24,7 +24,8 @@ GROUP_CHAT_MIN_INTERVAL_S = 3.0
 GLOBAL_MAX_CALLS_PER_S = 30.0
 """About 30 messages a second across all chats of one bot."""
 MAX_FLOOD_WAIT_S = 60.0
-"""A 429 asking for a longer wait than this fails the delivery instead of stalling the turn."""
+"""The time one reply may lose to retried failures (429s, 5xx, the network): a wait that would
+pass it fails the delivery instead of stalling the turn (``bot.channels.delivery_retry``)."""
 TYPING_REFRESH_S = 4.5
 """``sendChatAction`` shows for five seconds at most; refresh a little before it fades."""
 REQUEST_TIMEOUT_S = 30.0

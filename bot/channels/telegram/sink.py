@@ -3,8 +3,10 @@
 The paced pump (``bot.channels.pump``) sends at most one preview step per
 pacing slot, always of the newest text. A preview step that Telegram answers
 with 429 is dropped: the chat is then held for ``retry_after`` and the next
-step, or the final delivery, goes after it. The final delivery waits out
-429s up to ``max_flood_wait_s``.
+step, or the final delivery, goes after it. The final delivery (and the
+apology) of one reply share a ``DeliveryRetry``: 429s, 5xx, dropped
+connections and timeouts are tried again while the reply's time lost to
+failures stays within ``max_flood_wait_s`` (``bot.channels.delivery_retry``).
 
 - Private chats (``PrivateReplySink``): ``sendMessageDraft`` shows an
   ephemeral preview that Telegram drops when a real message arrives, so the
@@ -93,6 +95,7 @@ class TelegramReplySink(PacedReplySink):
         self._typing_refresh_s = typing_refresh_s
         self._typing: asyncio.Task[None] | None = None
         self._fatal = False
+        self._retry = api.new_retry()
 
     # -- subclass hooks ----------------------------------------------------------
 
@@ -102,7 +105,7 @@ class TelegramReplySink(PacedReplySink):
 
     @abstractmethod
     async def _deliver_final(self, text: str) -> None:
-        """Deliver ``text`` completely, waiting out 429s. Raises ``TelegramApiError``."""
+        """Deliver ``text`` completely, retrying transient failures. Raises ``TelegramApiError``."""
 
     # -- the pump's delivery ---------------------------------------------------------
 
@@ -146,7 +149,8 @@ class TelegramReplySink(PacedReplySink):
     # -- machinery -------------------------------------------------------------------
 
     async def _call(self, method: str, params: dict[str, Any], *, final: bool) -> Any:
-        return await self._api.call(method, params, retry_flood=final)
+        # Previews are not retried: the next step or the final delivery carries the newest text.
+        return await self._api.call(method, params, retry=self._retry if final else False)
 
     async def _send_rendered(
         self,

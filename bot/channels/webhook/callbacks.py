@@ -1,42 +1,39 @@
-"""Signed POSTs to an integration's callback URL, retried with backoff for a bounded time.
+"""Signed POSTs to an integration's callback URL, retried by the service's one policy.
 
 Each attempt is signed afresh (the receiver's replay window counts from the
 attempt, not from the first try) and carries the same ``X-Webhook-Delivery``
-id, so a receiver can drop an attempt it already processed. Retried: network
-errors, timeouts, 408, 425, 429 and 5xx. Any other answer is final: a 4xx
-means the receiver refuses the message, and retrying would not change that.
-Redirects are not followed: a 3xx is such a final answer too (a signed reply
-goes to the configured URL only, never where an answer points it).
-When the retries add up to ``retry_for_s``, ``DeliveryError(delivery)``.
+id, so a receiver can drop an attempt it already processed: that is what
+makes a retry after a timeout or a dropped connection safe here. Retried
+(``bot.channels.delivery_retry``): network errors, timeouts, 408, 425, 429
+(after its ``Retry-After``) and 5xx, with backoff from ``retry_backoff_s``
+while the reply's time lost to failures stays within ``retry_for_s``. Any other
+answer is final: a 4xx means the receiver refuses the message, and retrying
+would not change that. Redirects are not followed: a 3xx is such a final
+answer too (a signed reply goes to the configured URL only, never where an
+answer points it). A callback that cannot be delivered is
+``DeliveryError(delivery)``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import time
 from typing import Any
 
 import aiohttp
 import structlog
 
+from bot.channels.delivery_retry import (
+    CallFailure,
+    DeliveryRetry,
+    network_failure,
+    retry_after_header,
+)
 from bot.channels.webhook.settings import WebhookSettings
 from bot.channels.webhook.signing import DELIVERY_HEADER, signed_headers
 from bot.errors import DeliveryError, ErrorClass
 
 log = structlog.get_logger(__name__)
-
-MAX_BACKOFF_S = 8.0
-RETRYABLE_STATUS = frozenset({408, 425, 429})
-
-
-def _retryable(status: int) -> bool:
-    return status in RETRYABLE_STATUS or status >= 500
-
-
-def _retry_after_s(response: aiohttp.ClientResponse) -> float | None:
-    raw = response.headers.get("Retry-After", "")
-    return float(raw) if raw.isdigit() else None
 
 
 class CallbackClient:
@@ -48,8 +45,14 @@ class CallbackClient:
         self._secret = settings.secret.get_secret_value()
         self._timeout = aiohttp.ClientTimeout(total=settings.callback_timeout_s)
 
-    async def _attempt(self, body: bytes, delivery_id: str) -> tuple[bool, str, float | None]:
-        """One POST: (delivered, outcome, server-requested wait). Raises on a final refusal."""
+    def new_retry(self) -> DeliveryRetry:
+        """The retry state of one reply's callbacks."""
+        return DeliveryRetry(
+            self._settings.retry_for_s, first_backoff_s=self._settings.retry_backoff_s
+        )
+
+    async def _attempt(self, body: bytes, delivery_id: str) -> CallFailure | None:
+        """One POST: None once delivered, else how it failed."""
         headers = {
             "Content-Type": "application/json",
             DELIVERY_HEADER: delivery_id,
@@ -64,25 +67,22 @@ class CallbackClient:
                 allow_redirects=False,
             ) as response:
                 if 200 <= response.status < 300:
-                    return True, f"HTTP {response.status}", None
-                if not _retryable(response.status):
-                    raise DeliveryError(
-                        ErrorClass.DELIVERY,
-                        f"webhook {self._settings.name}: callback refused, HTTP {response.status}",
-                    )
-                return False, f"HTTP {response.status}", _retry_after_s(response)
+                    return None
+                retry_after = retry_after_header(response.headers.get("Retry-After"))
+                return CallFailure(status=response.status, retry_after=retry_after)
         except (aiohttp.ClientError, TimeoutError) as exc:
-            return False, type(exc).__name__, None
+            return network_failure(exc)
 
-    async def deliver(self, payload: dict[str, Any], delivery_id: str) -> None:
+    async def deliver(
+        self, payload: dict[str, Any], delivery_id: str, retry: DeliveryRetry
+    ) -> None:
         body = json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode()
-        deadline = time.monotonic() + self._settings.retry_for_s
-        backoff = self._settings.retry_backoff_s
         attempts = 0
         while True:
             attempts += 1
-            delivered, outcome, requested_wait = await self._attempt(body, delivery_id)
-            if delivered:
+            failure = await self._attempt(body, delivery_id)
+            if failure is None:
+                retry.succeeded()
                 if attempts > 1:
                     log.info(
                         "webhook_callback_recovered",
@@ -91,14 +91,20 @@ class CallbackClient:
                         attempts=attempts,
                     )
                 return
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
+            outcome = f"HTTP {failure.status}" if failure.status else str(failure.network)
+            wait = retry.next_wait(failure)
+            if wait is None:
+                if not failure.transient:
+                    raise DeliveryError(
+                        ErrorClass.DELIVERY,
+                        f"webhook {self._settings.name}: callback refused, {outcome}",
+                    )
                 raise DeliveryError(
                     ErrorClass.DELIVERY,
-                    f"webhook {self._settings.name}: callback failed {attempts} times "
-                    f"over {self._settings.retry_for_s:g} s, last: {outcome}",
+                    f"webhook {self._settings.name}: callback failed {attempts} times, "
+                    f"{retry.lost_s:.1f} s lost of {self._settings.retry_for_s:g}, "
+                    f"last: {outcome}",
                 )
-            wait = min(max(backoff, requested_wait or 0.0), remaining)
             log.warning(
                 "webhook_callback_retry",
                 webhook=self._settings.name,
@@ -108,4 +114,3 @@ class CallbackClient:
                 wait_s=round(wait, 3),
             )
             await asyncio.sleep(wait)
-            backoff = min(backoff * 2, MAX_BACKOFF_S)

@@ -33,7 +33,7 @@ class WebhookSettings(BaseModel):
     retry_for_s: float = Field(DEFAULT_RETRY_FOR_S, ge=0)
     """A failing callback is retried for this long, then the turn fails as ``delivery``."""
     retry_backoff_s: float = Field(DEFAULT_RETRY_BACKOFF_S, gt=0)
-    """First wait between attempts; it doubles up to ``callbacks.MAX_BACKOFF_S``."""
+    """First wait between attempts; it doubles up to ``delivery_retry.MAX_BACKOFF_S`` (8 s)."""
     chunk_interval_s: float = Field(DEFAULT_CHUNK_INTERVAL_S, ge=0)
     """Least time between two chunk callbacks of one reply; text in between is merged."""
 

@@ -57,6 +57,7 @@ class WebhookReplySink(PacedReplySink):
         self._seq = 0
         self._next_chunk_at = 0.0
         self._usage: dict[str, int | None] = {}
+        self._retry = callbacks.new_retry()
 
     def set_usage(self, usage: dict[str, int | None]) -> None:
         self._usage = dict(usage)
@@ -89,5 +90,7 @@ class WebhookReplySink(PacedReplySink):
         seq = self._seq
         self._seq += 1
         await self._callbacks.deliver(
-            {**body, **self._envelope, "seq": seq}, delivery_id=f"{self._turn_id}.{seq}"
+            {**body, **self._envelope, "seq": seq},
+            delivery_id=f"{self._turn_id}.{seq}",
+            retry=self._retry,
         )
