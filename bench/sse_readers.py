@@ -33,7 +33,7 @@ from bot.app import create_app
 from bot.config import load_settings
 from bot.demo_model import build_demo_model
 from bot.http.keys import DB_ENGINES
-from bot.storage import queries
+from bot.storage.conversations import allocate_turn_seq, open_conversation
 from bot.storage.db import create_engine, create_sessionmaker
 from bot.storage.models import Turn, TurnStatus
 from bot.turns.chat_format import ChatFormat, load_tokenizer
@@ -68,13 +68,13 @@ async def seed(url: str) -> tuple[str, str]:
     try:
         async with create_sessionmaker(engine)() as session, session.begin():
             key = (await create_key(session, name="bench", owner="bench")).key
-            conversation = await queries.open_conversation(
+            conversation = await open_conversation(
                 session, owner="bench", channel="api", external_key="c"
             )
             for status in (TurnStatus.RUNNING, TurnStatus.QUEUED):
                 turn = Turn(
                     conversation_id=conversation.id,
-                    seq=await queries.allocate_turn_seq(session, conversation.id),
+                    seq=await allocate_turn_seq(session, conversation.id),
                     channel="api",
                     user_text="hello",
                     status=status,

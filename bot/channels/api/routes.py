@@ -28,7 +28,7 @@ from bot.http.key_gate import Scope, requires
 from bot.http.keys import READ_SESSIONS, SERVER, STREAM_READERS, TURN_FOLLOWERS, TURNS
 from bot.http.ops import METRICS
 from bot.http.readers import EventStreamReaders
-from bot.storage.queries import get_turn_for_owner, owned_turn_id
+from bot.storage.turn_reads import get_turn_for_owner, owned_turn_id
 from bot.turns.branching import attempts_of
 from bot.turns.followers import TurnFollowers
 from bot.turns.service import api_event_id
