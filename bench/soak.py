@@ -89,7 +89,7 @@ from soak_platforms import (
 
 from bot.apikeys import create_key
 from bot.demo_model import build_demo_model
-from bot.log import configure_logging
+from bot.ops.log import configure_logging
 from bot.storage.db import create_engine, create_sessionmaker
 from bot.storage.migrate import upgrade
 from bot.storage.models import InboundEvent, Turn, TurnStatus

@@ -96,7 +96,7 @@ def serve(ctx: Context) -> None:
       BOT_SERVER__HOST=0.0.0.0 botctl --config /etc/bot/bot.toml serve
     """
     from bot.config import Settings
-    from bot.log import configure_logging
+    from bot.ops.log import configure_logging
     from bot.secret_files import scrub_process_environment
     from bot.serve import serve as serve_forever
     from bot.storage.migrate import pending_migrations

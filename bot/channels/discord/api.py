@@ -28,7 +28,7 @@ import aiohttp
 from bot.channels.discord.settings import DiscordBotSettings
 from bot.channels.slack.pacing import Pacer
 from bot.errors import ErrorClass
-from bot.metrics import note_rate_limited
+from bot.ops.metrics import note_rate_limited
 
 GLOBAL_KEY = "global"
 DEFAULT_RETRY_AFTER_S = 1.0

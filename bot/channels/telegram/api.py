@@ -23,7 +23,7 @@ from pydantic import SecretStr
 from bot.channels.telegram.pacing import ChatPacer, PacingPolicy
 from bot.channels.telegram.settings import TelegramBotSettings
 from bot.errors import ErrorClass
-from bot.metrics import note_rate_limited
+from bot.ops.metrics import note_rate_limited
 
 log = structlog.get_logger(__name__)
 
