@@ -28,7 +28,7 @@ from pathlib import Path
 
 import click
 
-from bot.chat_client import chat
+from bot.cli.chat_client import chat
 from bot.cli.common import Context, pass_context
 from bot.cli.conversations import conversations
 from bot.cli.db import db
