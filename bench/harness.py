@@ -26,8 +26,8 @@ from aiohttp import web
 from sqlalchemy.engine import make_url
 
 from bot.apikeys import create_key
-from bot.demo_model import build_demo_model
 from bot.engine.process_priority import ENGINE_CORE_TITLE, WORKER_TITLE, descendants, titled
+from bot.models.demo_model import build_demo_model
 from bot.storage.db import create_engine, create_sessionmaker
 from bot.storage.migrate import upgrade
 

@@ -50,10 +50,10 @@ from sqlalchemy import select
 from bot.apikeys import create_key
 from bot.app import create_app
 from bot.config import EngineSettings, load_settings
-from bot.demo_model import build_demo_model
 from bot.engine.base import GenerationChunk, GenerationRequest, InferenceEngine
 from bot.engine.vllm_local import LocalVLLMEngine
 from bot.http.keys import TURNS
+from bot.models.demo_model import build_demo_model
 from bot.storage.db import create_engine, create_sessionmaker
 from bot.storage.migrate import upgrade
 from bot.storage.models import Turn
@@ -529,7 +529,7 @@ async def main_async(args: argparse.Namespace) -> None:
     if args.hidden or args.layers:
         # A bigger random model, so that prefill (what the cache saves) shows in TTFT; the
         # builder reads its sizes from module constants.
-        from bot import demo_model
+        from bot.models import demo_model
 
         demo_model.DEMO_HIDDEN_SIZE = args.hidden or demo_model.DEMO_HIDDEN_SIZE
         demo_model.DEMO_LAYERS = args.layers or demo_model.DEMO_LAYERS

@@ -88,7 +88,7 @@ from soak_platforms import (
 )
 
 from bot.apikeys import create_key
-from bot.demo_model import build_demo_model
+from bot.models.demo_model import build_demo_model
 from bot.ops.log import configure_logging
 from bot.storage.db import create_engine, create_sessionmaker
 from bot.storage.migrate import upgrade

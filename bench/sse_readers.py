@@ -31,8 +31,8 @@ from sqlalchemy import event
 from bot.apikeys import create_key
 from bot.app import create_app
 from bot.config import load_settings
-from bot.demo_model import build_demo_model
 from bot.http.keys import DB_ENGINES
+from bot.models.demo_model import build_demo_model
 from bot.storage.conversations import allocate_turn_seq, open_conversation
 from bot.storage.db import create_engine, create_sessionmaker
 from bot.storage.models import Turn, TurnStatus

@@ -137,7 +137,7 @@ def demo_model(path: Path) -> None:
     Example:
       botctl demo-model --path /var/lib/bot/demo-model
     """
-    from bot.demo_model import build_demo_model
+    from bot.models.demo_model import build_demo_model
 
     click.echo(f"building demo model in {path} ...", err=True)
     build_demo_model(path)
