@@ -7,24 +7,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sqlalchemy import (
-    ColumnElement,
-    String,
-    bindparam,
-    func,
-    select,
-    update,
-)
+from sqlalchemy import ColumnElement, String, bindparam, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
-from bot.storage.models import (
-    Conversation,
-    Message,
-    new_id,
-    table_of,
-    utcnow,
-)
+from bot.storage.models import Conversation, Message, new_id, table_of, utcnow
 
 CONVERSATIONS = table_of(Conversation)
 

@@ -8,22 +8,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import (
-    Integer,
-    Select,
-    String,
-    bindparam,
-    select,
-)
+from sqlalchemy import Integer, Select, String, bindparam, select
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import aliased
 
 from bot.storage.conversations import ConversationHead, read_head
 from bot.storage.known_paths import KnownPath, KnownPaths
-from bot.storage.models import (
-    BASE_ROLE,
-    Message,
-)
+from bot.storage.models import BASE_ROLE, Message
 from bot.storage.tokens import unpack_token_ids
 
 

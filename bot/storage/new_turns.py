@@ -35,15 +35,7 @@ from bot.storage.conversations import (
     next_entry_seq,
     open_for_key,
 )
-from bot.storage.models import (
-    Conversation,
-    InboundEvent,
-    Message,
-    Turn,
-    new_id,
-    table_of,
-    utcnow,
-)
+from bot.storage.models import Conversation, InboundEvent, Message, Turn, new_id, table_of, utcnow
 
 
 @dataclass(frozen=True)

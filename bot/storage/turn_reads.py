@@ -5,17 +5,10 @@ Each function takes the session it runs in.
 
 from __future__ import annotations
 
-from sqlalchemy import (
-    String,
-    bindparam,
-    select,
-)
+from sqlalchemy import String, bindparam, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from bot.storage.models import (
-    Conversation,
-    Turn,
-)
+from bot.storage.models import Conversation, Turn
 
 
 async def get_turn(session: AsyncSession, turn_id: str) -> Turn | None:
