@@ -27,9 +27,9 @@ from harness import DEMO_MODEL_DIR, percentile, prefix_reuse
 from pydantic import SecretStr
 
 from bot.config import EngineSettings
-from bot.demo_model import build_demo_model
 from bot.engine.base import GenerationRequest
 from bot.engine.openai_remote import OpenAIRemoteEngine
+from bot.models.demo_model import build_demo_model
 from bot.testing.vllm_servers import API_KEY, SERVED_MODEL_NAME, start_servers
 from bot.turns.chat_format import ChatFormat, load_tokenizer
 

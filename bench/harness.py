@@ -33,8 +33,8 @@ from sqlalchemy.engine import make_url
 
 from bot.apikeys import create_key
 from bot.channels.webhook.signing import signed_headers
-from bot.demo_model import build_demo_model
 from bot.engine.base import GenerationRequest
+from bot.models.demo_model import build_demo_model
 from bot.storage.db import create_engine, create_sessionmaker
 from bot.storage.migrate import upgrade
 from bot.testing.slack_api import FakeSlackApi

@@ -40,7 +40,7 @@ from sqlalchemy import func, select
 from bot.app import create_app
 from bot.config import load_settings
 from bot.engine.vllm_local import LocalVLLMEngine
-from bot.log import configure_logging
+from bot.ops.log import configure_logging
 from bot.storage.db import create_engine, create_sessionmaker, is_sqlite
 from bot.storage.models import Turn, TurnStatus
 from bot.testing.vllm_servers import free_port

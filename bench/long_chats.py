@@ -40,9 +40,9 @@ from sqlalchemy import select
 
 from bot.app import create_app
 from bot.config import EngineSettings, load_settings
-from bot.demo_model import build_demo_model
 from bot.engine.base import GenerationChunk, GenerationRequest
 from bot.engine.vllm_local import LocalVLLMEngine
+from bot.models.demo_model import build_demo_model
 from bot.storage.db import create_engine, create_sessionmaker
 from bot.storage.models import Turn
 from bot.turns.chat_format import ChatFormat, load_tokenizer

@@ -31,8 +31,8 @@ from sqlalchemy import func, select
 
 from bot.app import create_app
 from bot.config import load_settings
-from bot.demo_model import build_demo_model
-from bot.log import configure_logging
+from bot.models.demo_model import build_demo_model
+from bot.ops.log import configure_logging
 from bot.storage.db import create_engine, create_sessionmaker
 from bot.storage.models import Conversation
 from bot.testing.vllm_servers import API_KEY, SERVED_MODEL_NAME, VLLMServer, launch, wait_ready

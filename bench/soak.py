@@ -47,8 +47,8 @@ from sqlalchemy import event, select
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import OperationalError
 
-from bot.demo_model import build_demo_model
 from bot.errors import USER_MESSAGES
+from bot.models.demo_model import build_demo_model
 from bot.storage.db import create_engine, create_sessionmaker
 from bot.storage.models import InboundEvent, Turn, TurnStatus
 from bot.testing.slack_api import FakeSlackApi

@@ -26,8 +26,8 @@ from sqlalchemy import event
 
 from bot.app import create_app
 from bot.config import load_settings
-from bot.demo_model import build_demo_model
 from bot.http.keys import DB_ENGINES
+from bot.models.demo_model import build_demo_model
 from bot.storage.db import create_engine, create_sessionmaker
 from bot.storage.models import Conversation, Turn, TurnStatus
 from bot.turns.chat_format import ChatFormat, load_tokenizer

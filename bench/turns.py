@@ -37,7 +37,7 @@ from bot.app import create_app
 from bot.config import load_settings
 from bot.engine.base import GenerationChunk, GenerationRequest
 from bot.engine.vllm_local import LocalVLLMEngine
-from bot.log import configure_logging
+from bot.ops.log import configure_logging
 from bot.storage.db import create_engine, create_sessionmaker
 from bot.storage.models import Message, Turn
 from bot.storage.tokens import unpack_token_ids

@@ -23,8 +23,7 @@ from sqlalchemy import bindparam, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from bot.storage.db import storage_unavailable
-from bot.storage.models import ApiKey, utcnow
-from bot.storage.queries import as_utc
+from bot.storage.models import ApiKey, as_utc, utcnow
 from bot.turns.owners import check_key_owner, key_tenant
 
 KEY_PREFIX = "bot"

@@ -15,8 +15,13 @@ import structlog
 from aiohttp import web
 
 from bot.apikeys import keep_keys_fresh
+from bot.channels.api import routes as api_routes
+from bot.channels.discord import routes as discord_routes
 from bot.channels.kind import Wiring
-from bot.channels.registry import CHANNELS
+from bot.channels.openai import routes as openai_routes
+from bot.channels.slack import routes as slack_routes
+from bot.channels.telegram import routes as telegram_routes
+from bot.channels.webhook import routes as webhook_routes
 from bot.config import Settings
 from bot.engine.base import InferenceEngine
 from bot.http import cors, favicon, openapi, ops
@@ -70,6 +75,16 @@ def build_engine(settings: Settings) -> InferenceEngine:
     from bot.engine.openai_remote import OpenAIRemoteEngine
 
     return OpenAIRemoteEngine(settings.engine)
+
+
+def add_channels(app: web.Application, settings: Settings, wiring: Wiring) -> None:
+    """Every kind of channel the service answers on, each given its configured tables."""
+    telegram_routes.setup(app, settings.telegram, wiring)
+    slack_routes.setup(app, settings.slack, wiring)
+    discord_routes.setup(app, settings.discord, wiring)
+    webhook_routes.setup(app, settings.webhooks, wiring)
+    api_routes.setup(app, wiring)
+    openai_routes.setup(app, wiring)
 
 
 async def create_app(
@@ -201,9 +216,7 @@ async def create_app(
         await db_probe.dispose()
 
     app.cleanup_ctx.append(lifetime)
-    wiring = Wiring(settings.server, turns, http)
-    for kind in CHANNELS:
-        kind.routes().setup(app, kind.tables(settings), wiring)
+    add_channels(app, settings, Wiring(settings.server, turns, http))
     web_page.setup(app)
     favicon.setup(app)
     openapi.setup(app)

@@ -16,7 +16,7 @@ import os
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import (
     AfterValidator,
@@ -25,7 +25,6 @@ from pydantic import (
     Field,
     SecretStr,
     ValidationError,
-    create_model,
     model_validator,
 )
 from pydantic_settings import (
@@ -37,8 +36,11 @@ from pydantic_settings import (
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
+from bot.channels.discord.settings import DiscordBotSettings
 from bot.channels.kind import unique_names
-from bot.channels.registry import CHANNELS
+from bot.channels.slack.settings import SlackAppSettings
+from bot.channels.telegram.settings import TelegramBotSettings
+from bot.channels.webhook.settings import WebhookSettings
 from bot.engine.settings import DEFAULT_DATA_DIR, DEFAULT_DEMO_MODEL_DIR, EngineSettings
 from bot.http.settings import ServerSettings
 from bot.secret_files import SecretFileError, file_variables, read_secret_files
@@ -118,8 +120,13 @@ class LoggingSettings(_Section):
     """auto: JSON lines when stdout is not a terminal, coloured console when it is."""
 
 
+Table = TypeVar("Table")
+Tables = Annotated[list[Table], AfterValidator(unique_names)]
+"""``[[tables]]`` (a channel's, one per configured instance, or the personas), each named apart."""
+
+
 class CoreSettings(BaseSettings):
-    """Every section but the channels' tables (``Settings`` adds one per channel kind)."""
+    """Every section but the channels' tables (``Settings`` adds those)."""
 
     model_config = SettingsConfigDict(
         env_prefix="BOT_",
@@ -137,9 +144,7 @@ class CoreSettings(BaseSettings):
     compaction: CompactionSettings = Field(default_factory=CompactionSettings)
     limits: LimitSettings = Field(default_factory=LimitSettings)
     tenancy: TenancySettings = Field(default_factory=TenancySettings)
-    personas: Annotated[list[PersonaSettings], AfterValidator(unique_names)] = Field(
-        default_factory=list
-    )
+    personas: Tables[PersonaSettings] = Field(default_factory=list)
     """System-prompt presets a conversation can be started with (``/mode NAME``, ``persona``)."""
 
     @model_validator(mode="after")
@@ -179,16 +184,13 @@ class _EnvWithoutSecretFiles(EnvSettingsSource):
         }
 
 
-if TYPE_CHECKING:
-    # Channel code reads its tables through its kind (``ChannelKind.tables``).
-    Settings = CoreSettings
-else:
-    Settings = create_model(
-        "Settings",
-        __base__=CoreSettings,
-        __module__=__name__,
-        **{kind.section: kind.settings_field() for kind in CHANNELS if kind.section},
-    )
+class Settings(CoreSettings):
+    """Every section, and each configured channel's tables (``bot.channels.kind``)."""
+
+    telegram: Tables[TelegramBotSettings] = Field(default_factory=list)
+    slack: Tables[SlackAppSettings] = Field(default_factory=list)
+    discord: Tables[DiscordBotSettings] = Field(default_factory=list)
+    webhooks: Tables[WebhookSettings] = Field(default_factory=list)
 
 
 class ConfigError(Exception):

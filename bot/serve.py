@@ -25,13 +25,13 @@ from typing import Any
 import structlog
 from aiohttp import web
 
-from bot import systemd
 from bot.app import create_app
 from bot.config import ServerSettings, Settings
 from bot.engine.base import InferenceEngine
 from bot.http.deadlines import app_runner
 from bot.http.keys import ENGINE, TURNS
 from bot.http.ops import admin_app, readiness
+from bot.ops import systemd
 from bot.turns.chat_format import ChatFormat
 
 log = structlog.get_logger(__name__)

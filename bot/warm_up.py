@@ -20,7 +20,7 @@ import structlog
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from bot.apikeys import rehearse_key_check
-from bot.channels.registry import API
+from bot.channels.api.kind import API
 from bot.storage.models import new_id
 from bot.turns.inbound import InboundMessage
 from bot.turns.runner import TurnRunner

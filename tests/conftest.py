@@ -24,8 +24,8 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from bot.apikeys import create_key
 from bot.config import EngineSettings, Settings, load_settings
-from bot.demo_model import build_demo_model
 from bot.engine.vllm_local import LocalVLLMEngine
+from bot.models.demo_model import build_demo_model
 from bot.storage.db import create_engine, create_sessionmaker, is_sqlite
 from bot.storage.migrate import upgrade
 from bot.turns.chat_format import ChatFormat, load_tokenizer

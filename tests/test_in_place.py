@@ -17,7 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from bot.storage import in_place
 from bot.storage.db import create_engine, create_sessionmaker
 from bot.storage.models import Conversation, InboundEvent, Message, Turn, new_id, table_of
-from bot.storage.queries import take_turn_slot
+from bot.storage.new_turns import take_turn_slot
 
 TURNS = table_of(Turn)
 EVENTS = table_of(InboundEvent)

@@ -10,9 +10,9 @@ from __future__ import annotations
 from sqlalchemy import delete, update
 
 from bot.storage.db import create_engine, create_sessionmaker
+from bot.storage.history import History, load_history
 from bot.storage.known_paths import KnownPath, KnownPaths
 from bot.storage.models import BASE_ROLE, Conversation, Message
-from bot.storage.queries import History, load_history
 from bot.storage.tokens import pack_token_ids
 
 

@@ -16,7 +16,7 @@ import pytest
 ROOT = Path(__file__).parents[1]
 EMIT = """
 import logging, sys
-from bot.log import configure_logging
+from bot.ops.log import configure_logging
 configure_logging(sys.argv[1], "json")
 for name in ("vllm.config.model", "bot.engine.vllm_local"):
     logger = logging.getLogger(name)
@@ -28,7 +28,7 @@ START_ENGINE = """
 import asyncio, sys
 from bot.config import EngineSettings
 from bot.engine.vllm_local import LocalVLLMEngine
-from bot.log import configure_logging
+from bot.ops.log import configure_logging
 
 async def main() -> None:
     configure_logging("INFO", "json")
@@ -92,7 +92,7 @@ def test_engine_start_at_info_logs_no_vllm_info_lines(demo_model_dir: Path) -> N
 
 RECONFIGURED = """
 import structlog
-from bot.log import configure_logging
+from bot.ops.log import configure_logging
 
 log = structlog.get_logger("bot.somewhere")
 configure_logging("INFO", "json")

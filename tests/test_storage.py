@@ -12,7 +12,7 @@ from sqlalchemy import func, select, text
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
-from bot.storage import queries
+from bot.storage.conversations import open_conversation
 from bot.storage.db import create_engine, create_read_sessionmaker, create_sessionmaker
 from bot.storage.migrate import downgrade, upgrade
 from bot.storage.models import Base, Conversation, Turn
@@ -137,9 +137,9 @@ async def test_a_conversation_created_by_another_request_meanwhile_is_the_one_op
     key = {"owner": "o", "channel": "api", "external_key": "k"}
     try:
         async with sessions() as first, sessions() as second, sessions() as probe:
-            created = await queries.open_conversation(first, **key)
+            created = await open_conversation(first, **key)
             second_pid = await second.scalar(text("SELECT pg_backend_pid()"))
-            opening = asyncio.create_task(queries.open_conversation(second, **key))
+            opening = asyncio.create_task(open_conversation(second, **key))
             # Its own backend waiting on a lock (other sessions on the database may be too).
             async with asyncio.timeout(10):
                 while (  # noqa: ASYNC110 - polled

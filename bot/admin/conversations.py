@@ -20,8 +20,7 @@ from typing import Any
 from sqlalchemy import Select, delete, func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from bot.storage.models import Conversation, InboundEvent, Message, Turn
-from bot.storage.queries import as_utc
+from bot.storage.models import Conversation, InboundEvent, Message, Turn, as_utc
 from bot.turns.status import shown_status
 
 EXPORT_BATCH = 20

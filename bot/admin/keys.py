@@ -16,8 +16,7 @@ from sqlalchemy import or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from bot.apikeys import IssuedKey, create_key
-from bot.storage.models import ApiKey, utcnow
-from bot.storage.queries import as_utc
+from bot.storage.models import ApiKey, as_utc, utcnow
 
 
 class KeyNotFound(LookupError):

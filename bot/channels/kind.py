@@ -1,29 +1,25 @@
-"""What a kind of channel brings to the service: its settings table, its routes, its doctor check.
+"""What every kind of channel shares: its name, the type of its settings tables, its wiring.
 
-Every channel folder has the same files for the same jobs: ``settings.py`` (the
-type of one ``[[section]]`` table, when the channel is configured per instance),
-``routes.py`` (``setup``: its HTTP routes, and its turn channels registered with
-the turn service) and, where the platform's credentials can be checked from
-here, ``doctor.py`` (``check``). ``bot.channels.registry`` lists the kinds.
+Each channel folder declares its kind beside its settings (``TELEGRAM`` at the end of
+``bot/channels/telegram/settings.py``; ``API`` and ``OPENAI``, which have no settings,
+in their folder's ``kind.py``). Its ``routes.py`` has ``setup``: its HTTP routes, and its
+turn channels registered with the turn service. Where the platform's credentials can be
+checked from here, its ``doctor.py`` has ``check``.
 
-Routes and doctor checks are imported when used: every routes module imports the
-registry for its kind, and ``bot.config`` reads the registry for the table types
-without loading the whole service.
+``bot.app.add_channels`` hands every kind's tables to its ``setup`` and
+``bot.doctor.walk`` the checked kinds' tables to their ``check``: each call is written
+out, so a reader or a type checker follows it from the app to the platform.
 """
 
 from __future__ import annotations
 
-import importlib
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Any, Generic, TypeVar, cast
-
-from pydantic import AfterValidator, Field
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 if TYPE_CHECKING:
     import aiohttp
-    from pydantic import BaseModel
 
     from bot.http.settings import ServerSettings
     from bot.turns.replies import Channel
@@ -61,19 +57,9 @@ class ChannelKind(Generic[Table]):
     name: str
     """Its folder under ``bot/channels``, and the prefix of its turn channels' names
     (``telegram`` of ``telegram:support``)."""
-    section: str | None = None
-    """The settings key of its ``[[tables]]``, one per configured instance."""
     table: type[Table] | None = None
-    has_doctor: bool = False
-
-    def settings_field(self) -> tuple[Any, Any]:
-        """The type and default of ``section`` in ``bot.config.Settings``."""
-        field_type = Annotated[list[self.table], AfterValidator(unique_names)]  # type: ignore[name-defined]
-        return field_type, Field(default_factory=list)
-
-    def tables(self, settings: BaseModel) -> list[Table]:
-        """Its tables in the loaded configuration (``bot.config.Settings``, read by name)."""
-        return cast(list[Table], getattr(settings, self.section)) if self.section else []
+    """The type of one of its ``[[tables]]`` (``bot.config.Settings``), one per configured
+    instance; None: the channel is not configured per instance."""
 
     def register(
         self, tables: list[Table], wiring: Wiring, open_channel: Callable[[Table], Opened]
@@ -83,12 +69,3 @@ class ChannelKind(Generic[Table]):
         for channel in channels:
             wiring.turns.register_channel(channel)
         return channels
-
-    def routes(self) -> Any:
-        """Its ``routes`` module: ``setup(app, tables, wiring)``."""
-        return importlib.import_module(f"bot.channels.{self.name}.routes")
-
-    @property
-    def doctor(self) -> DoctorCheck | None:
-        module = f"bot.channels.{self.name}.doctor"
-        return cast(DoctorCheck, importlib.import_module(module).check) if self.has_doctor else None

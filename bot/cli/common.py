@@ -113,6 +113,6 @@ def aligned(rows: list[dict[str, str]]) -> list[str]:
 def format_time(value: dt.datetime | None) -> str:
     if value is None:
         return "-"
-    from bot.storage.queries import as_utc
+    from bot.storage.models import as_utc
 
     return as_utc(value).strftime("%Y-%m-%d %H:%M:%SZ")

@@ -19,13 +19,12 @@ import click
 from bot.channels.discord.api import Call, DiscordApi, DiscordCallError
 from bot.channels.discord.commands import COMMANDS
 from bot.channels.discord.settings import DiscordBotSettings
-from bot.channels.registry import DISCORD
 from bot.cli.common import Context
 
 
 def _bot(ctx: click.Context, name: str) -> DiscordBotSettings:
     settings = (ctx.find_root().obj or Context(None)).settings
-    bots = {bot.name: bot for bot in DISCORD.tables(settings)}
+    bots = {bot.name: bot for bot in settings.discord}
     if name not in bots:
         known = ", ".join(sorted(bots)) or "none configured"
         raise click.ClickException(f"no [[discord]] bot named {name!r} (known: {known})")

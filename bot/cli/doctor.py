@@ -18,7 +18,7 @@ import click
 
 from bot.cli.common import Context
 from bot.doctor import CheckResult, render_report, render_text, run_doctor
-from bot.log import configure_logging
+from bot.ops.log import configure_logging
 
 DOCTOR_LOG_LEVEL = "WARNING"
 """The doctor's report is its lines: only warnings and errors are logged beside them

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import click
 
-from bot.chat_client import chat
+from bot.cli.chat_client import chat
 from bot.cli.common import Context, pass_context
 from bot.cli.conversations import conversations
 from bot.cli.db import db
@@ -96,7 +96,7 @@ def serve(ctx: Context) -> None:
       BOT_SERVER__HOST=0.0.0.0 botctl --config /etc/bot/bot.toml serve
     """
     from bot.config import Settings
-    from bot.log import configure_logging
+    from bot.ops.log import configure_logging
     from bot.secret_files import scrub_process_environment
     from bot.serve import serve as serve_forever
     from bot.storage.migrate import pending_migrations
@@ -137,7 +137,7 @@ def demo_model(path: Path) -> None:
     Example:
       botctl demo-model --path /var/lib/bot/demo-model
     """
-    from bot.demo_model import build_demo_model
+    from bot.models.demo_model import build_demo_model
 
     click.echo(f"building demo model in {path} ...", err=True)
     build_demo_model(path)

@@ -18,7 +18,6 @@ from typing import Any
 import aiohttp
 import click
 
-from bot.channels.registry import TELEGRAM
 from bot.channels.telegram.api import TelegramApi, TelegramApiError
 from bot.channels.telegram.doctor import webhook_url
 from bot.channels.telegram.payloads import HANDLED_UPDATE_TYPES
@@ -34,7 +33,7 @@ CLI_RETRY_BUDGET_S = 10.0
 def _bot(ctx: click.Context, name: str) -> TelegramBotSettings:
     # botctl's root context carries the loaded settings; standalone, load the defaults.
     settings = (ctx.find_root().obj or Context(None)).settings
-    bots = {bot.name: bot for bot in TELEGRAM.tables(settings)}
+    bots = {bot.name: bot for bot in settings.telegram}
     if name not in bots:
         known = ", ".join(sorted(bots)) or "none configured"
         raise click.ClickException(f"no [[telegram]] bot named {name!r} (known: {known})")

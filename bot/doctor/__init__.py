@@ -3,7 +3,7 @@
 Layers, top to bottom: config, database, migrations, model (folder and
 tokenizer), engine (the local vLLM starts and generates a token, or every
 remote server answers the OpenAI API), then each configured table of a
-channel kind with a ``doctor.py`` (``bot.channels.registry``). Each check
+channel kind with a ``doctor.py`` (``bot.doctor.walk._checks``). Each check
 reports its layer, ok/fail, time, an error class and a one-line hint for the
 usual causes.
 """

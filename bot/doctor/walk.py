@@ -9,8 +9,13 @@ from typing import Any
 
 import aiohttp
 
+from bot.channels.discord import doctor as discord_doctor
+from bot.channels.discord.settings import DISCORD
 from bot.channels.kind import ChannelKind, DoctorCheck
-from bot.channels.registry import CHANNELS
+from bot.channels.slack import doctor as slack_doctor
+from bot.channels.slack.settings import SLACK
+from bot.channels.telegram import doctor as telegram_doctor
+from bot.channels.telegram.settings import TELEGRAM
 from bot.config import ConfigError, Settings, load_settings
 from bot.doctor import model, remote, storage
 from bot.doctor.report import CheckResult
@@ -97,7 +102,7 @@ async def run_doctor(
         loaded["settings"] = settings
         walk.database_url = settings.database.url
         source = str(config_path) if config_path else "defaults and environment"
-        counts = ", ".join(f"{len(kind.tables(settings))} {kind.name}" for kind, _ in _checks())
+        counts = ", ".join(f"{len(tables)} {kind.name}" for kind, tables, _ in _checks(settings))
         return f"{source}: engine {settings.engine.kind}, {counts}"
 
     if not await walk.step("config", config):
@@ -146,8 +151,8 @@ async def run_doctor(
     async with aiohttp.ClientSession(
         timeout=aiohttp.ClientTimeout(total=PLATFORM_TIMEOUT_S)
     ) as http:
-        for kind, doctor in _checks():
-            for table in kind.tables(settings):
+        for kind, tables, doctor in _checks(settings):
+            for table in tables:
 
                 async def platform(doctor: DoctorCheck = doctor, table: Any = table) -> str:
                     return await doctor(http, table, settings.server.public_url)
@@ -157,9 +162,14 @@ async def run_doctor(
     return walk.results
 
 
-def _checks() -> list[tuple[ChannelKind[Any], DoctorCheck]]:
-    """The channel kinds whose credentials the doctor checks against their platform."""
-    return [(kind, kind.doctor) for kind in CHANNELS if kind.doctor is not None]
+def _checks(settings: Settings) -> list[tuple[ChannelKind[Any], list[Any], DoctorCheck]]:
+    """The channel kinds whose credentials the doctor checks against their platform: each
+    with its configured tables and its check."""
+    return [
+        (TELEGRAM, settings.telegram, telegram_doctor.check),
+        (SLACK, settings.slack, slack_doctor.check),
+        (DISCORD, settings.discord, discord_doctor.check),
+    ]
 
 
 async def _remote_engines(walk: _Walk, settings: Settings, chat_format: ChatFormat) -> bool:

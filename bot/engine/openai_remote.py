@@ -42,7 +42,7 @@ from bot.engine.remote_errors import RemoteFailure, from_exception, from_status,
 from bot.engine.routing import ReplicaSet
 from bot.engine.settings import EngineSettings
 from bot.errors import EngineError, ErrorClass
-from bot.recent_answer import RecentAnswer
+from bot.ops.recent_answer import RecentAnswer
 
 log = structlog.get_logger(__name__)
 
@@ -230,7 +230,7 @@ class OpenAIRemoteEngine:
 
         The stream counts first: under load a ``/health`` request waits behind the
         replica's busy event loop (and ours) and may miss the check's timeout while the
-        replica serves every request (``bot.recent_answer``).
+        replica serves every request (``bot.ops.recent_answer``).
         """
         if self._streamed.fresh():
             return

@@ -10,7 +10,7 @@ from bot.engine.base import InferenceEngine
 from bot.engine.settings import EngineSettings
 from bot.http.readers import EventStreamReaders
 from bot.http.settings import ServerSettings
-from bot.recent_answer import RecentAnswer
+from bot.ops.recent_answer import RecentAnswer
 from bot.storage.db import ServiceEngines
 from bot.turns.chat_format import ChatFormatSource
 from bot.turns.followers import TurnFollowers

@@ -3,7 +3,7 @@
 * ``/healthz``: the process answers (liveness).
 * ``/readyz``: the service started, is not draining, and the database and the
   engine answer (work either completed a moment ago, or a check's own round trip:
-  ``bot.recent_answer``); else 503 with the reason (readiness: load balancers,
+  ``bot.ops.recent_answer``); else 503 with the reason (readiness: load balancers,
   Docker's HEALTHCHECK, systemd's READY=1).
 * ``/metrics``: Prometheus text. On the public port it needs an admin-scope
   API key; the admin listen address (``server.admin_port``) serves all three
@@ -32,7 +32,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from bot.apikeys import Principal
 from bot.http.key_gate import Scope, requires
 from bot.http.keys import DB_ANSWERS, DB_PROBE, ENGINE, SERVER, TURNS
-from bot.metrics import CONTENT_TYPE, BotMetrics
+from bot.ops.metrics import CONTENT_TYPE, BotMetrics
 
 log = structlog.get_logger(__name__)
 
@@ -81,7 +81,7 @@ async def readiness(app: web.Application) -> str | None:
         return "starting: the engine or the turn service is not up yet"
     checks: dict[str, Coroutine[Any, Any, None]] = {}
     # Statements that just completed say so without a round trip, which under load would
-    # wait behind them (bot.recent_answer).
+    # wait behind them (bot.ops.recent_answer).
     if not app[DB_ANSWERS].fresh():
         checks["database"] = _joined_database_check(state, app[DB_PROBE])
     if app[TURNS].runs_turns:  # ingress-only: no engine here, the database is all it needs

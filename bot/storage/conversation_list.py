@@ -19,8 +19,7 @@ from sqlalchemy import and_, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.sql.functions import func
 
-from bot.storage.models import Conversation, Turn
-from bot.storage.queries import as_utc
+from bot.storage.models import Conversation, Turn, as_utc
 
 FIRST_MESSAGE_CHARS = 200
 """How much of a conversation's first message is read: enough for a title's first words."""

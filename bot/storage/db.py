@@ -22,7 +22,7 @@ from sqlalchemy.pool import NullPool, PoolResetState
 from sqlalchemy.util import await_only
 from sqlalchemy.util.concurrency import in_greenlet
 
-from bot.recent_answer import RecentAnswer
+from bot.ops.recent_answer import RecentAnswer
 from bot.storage.sqlite_driver import OneTripConnection, OneTripDBAPI
 
 SQLITE_BUSY_TIMEOUT_MS = 5000
@@ -372,7 +372,7 @@ def _ping_on_checkout(dbapi_connection: Any, record: Any, _proxy: Any) -> None:
 
 def watch_answers(*engines: AsyncEngine) -> RecentAnswer:
     """When a statement of one of ``engines`` last completed: readiness's evidence that
-    the database answers, without a round trip of its own (``bot.recent_answer``)."""
+    the database answers, without a round trip of its own (``bot.ops.recent_answer``)."""
     answers = RecentAnswer()
 
     def _answered(*_: Any) -> None:

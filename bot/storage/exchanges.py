@@ -25,6 +25,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
+from bot.storage.conversations import ConversationHead
 from bot.storage.models import (
     Conversation,
     Message,
@@ -35,7 +36,7 @@ from bot.storage.models import (
     table_of,
     utcnow,
 )
-from bot.storage.queries import ConversationHead, TurnSlot
+from bot.storage.new_turns import TurnSlot
 
 HEADS_CHECKED = 16
 """Open heads with one key looked at per request. They share the whole history and the
@@ -110,7 +111,7 @@ _TAKE_IF_LATEST = (
         _CONVERSATIONS.c.owner,
         _CONVERSATIONS.c.persona,
         _CONVERSATIONS.c.head_seq,
-        # Written out: SQLite renders RETURNING with unqualified names (queries._TAKE_SLOT).
+        # Written out: SQLite renders RETURNING with unqualified names (new_turns._TAKE_SLOT).
         literal_column(
             f"(SELECT max(entries.seq) FROM {Message.__tablename__} AS entries"
             f" WHERE entries.conversation_id = {Conversation.__tablename__}.id)",

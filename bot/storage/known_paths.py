@@ -1,7 +1,7 @@
 """Recently read history paths, kept so a turn reads only the entries added since.
 
 A conversation's prompt is the concatenation of the entries on its path
-(``bot.storage.queries.load_history``). Entries are never changed once written
+(``bot.storage.history.load_history``). Entries are never changed once written
 and are deleted only with their conversation, whose id is never used again: a
 path read from the database stays right for as long as it is kept. The
 database remains the truth about *which* entry is the head; this only saves

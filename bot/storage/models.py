@@ -48,6 +48,11 @@ def utcnow() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
 
 
+def as_utc(value: dt.datetime) -> dt.datetime:
+    """SQLite hands back naive datetimes; they were written as UTC."""
+    return value if value.tzinfo else value.replace(tzinfo=dt.UTC)
+
+
 class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING_CONVENTION)
     type_annotation_map = {  # noqa: RUF012 - SQLAlchemy reads this class attribute

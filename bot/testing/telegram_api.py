@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import math
 import time
 from collections.abc import Callable
@@ -33,168 +32,22 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from bot.testing.telegram_html import Entity, EntityParseError, parse_html, plain, utf16_len
-
-MAX_TEXT = 4096
-NOT_MODIFIED = (
-    "Bad Request: message is not modified: specified new message content and reply markup "
-    "are exactly the same as a current content and reply markup of the message"
+from bot.testing.telegram_methods import (
+    CHAT_ACTIONS,
+    COUNTED,
+    MISSING,
+    NOT_MODIFIED,
+    SIGNATURES,
+    ApiRefusal,
+    FakeBot,
+    RecordedCall,
+    StoredMessage,
+    bad,
+    message_json,
+    message_thread,
+    read_params,
+    read_text,
 )
-CHAT_ACTIONS = frozenset(
-    {
-        "typing",
-        "upload_photo",
-        "record_video",
-        "upload_video",
-        "record_voice",
-        "upload_voice",
-        "upload_document",
-        "choose_sticker",
-        "find_location",
-        "record_video_note",
-        "upload_video_note",
-    }
-)
-COUNTED = frozenset({"sendMessage", "editMessageText", "sendMessageDraft"})
-"""Calls that count against a chat's flood limit."""
-
-_COMMON_SEND = {
-    "business_connection_id",
-    "disable_notification",
-    "protect_content",
-    "allow_paid_broadcast",
-    "message_effect_id",
-    "reply_markup",
-    "direct_messages_topic_id",
-    "suggested_post_parameters",
-}
-
-# method -> (required, optional) parameter names.
-SIGNATURES: dict[str, tuple[set[str], set[str]]] = {
-    "getMe": (set(), set()),
-    "sendMessage": (
-        {"chat_id", "text"},
-        {
-            "message_thread_id",
-            "parse_mode",
-            "entities",
-            "link_preview_options",
-            "reply_parameters",
-            "reply_to_message_id",
-            *_COMMON_SEND,
-        },
-    ),
-    "editMessageText": (
-        {"text"},
-        {
-            "chat_id",
-            "message_id",
-            "inline_message_id",
-            "parse_mode",
-            "entities",
-            "link_preview_options",
-            "reply_markup",
-            "business_connection_id",
-        },
-    ),
-    "sendMessageDraft": (
-        {"chat_id", "draft_id", "text"},
-        {"message_thread_id", "parse_mode", "entities"},
-    ),
-    "sendChatAction": (
-        {"chat_id", "action"},
-        {"message_thread_id", "business_connection_id"},
-    ),
-    "setWebhook": (
-        {"url"},
-        {
-            "certificate",
-            "ip_address",
-            "max_connections",
-            "allowed_updates",
-            "drop_pending_updates",
-            "secret_token",
-        },
-    ),
-    "getWebhookInfo": (set(), set()),
-    "deleteWebhook": (set(), {"drop_pending_updates"}),
-}
-
-
-class _DropConnection(Exception):
-    """Close the connection without an answer, before the call is carried out."""
-
-
-class ApiRefusal(Exception):
-    def __init__(self, error_code: int, description: str, retry_after: int | None = None) -> None:
-        super().__init__(description)
-        self.error_code = error_code
-        self.description = description
-        self.retry_after = retry_after
-
-    def body(self) -> dict[str, Any]:
-        body: dict[str, Any] = {
-            "ok": False,
-            "error_code": self.error_code,
-            "description": self.description,
-        }
-        if self.retry_after is not None:
-            body["parameters"] = {"retry_after": self.retry_after}
-        return body
-
-
-def _bad(description: str) -> ApiRefusal:
-    return ApiRefusal(400, f"Bad Request: {description}")
-
-
-@dataclass
-class FakeBot:
-    token: str
-    id: int
-    username: str
-    first_name: str = "Test Bot"
-    revoked: bool = False
-    webhook_url: str = ""
-    webhook_secret: str | None = None
-    allowed_updates: list[str] | None = None
-    pending_update_count: int = 0
-    last_error_message: str | None = None
-
-    def user(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "is_bot": True,
-            "first_name": self.first_name,
-            "username": self.username,
-        }
-
-
-@dataclass
-class StoredMessage:
-    message_id: int
-    chat_id: int
-    text: str
-    entities: list[Entity]
-    source: str
-    parse_mode: str | None
-    message_thread_id: int | None = None
-    reply_to_message_id: int | None = None
-    edits: int = 0
-
-
-@dataclass
-class RecordedCall:
-    bot: str
-    method: str
-    params: dict[str, Any]
-    at: float
-    ok: bool = True
-    error_code: int | None = None
-    description: str | None = None
-
-    @property
-    def chat_id(self) -> Any:
-        return self.params.get("chat_id")
 
 
 @dataclass
@@ -206,6 +59,10 @@ class FailRule:
     times: int
     retry_after: int | None = None
     drop: bool = False
+
+
+class _DropConnection(Exception):
+    """Close the connection without an answer, before the call is carried out."""
 
 
 @dataclass
@@ -357,7 +214,7 @@ class FakeTelegram:
     async def _handle(self, request: web.Request) -> web.Response:
         token = request.match_info["token"]
         method = request.match_info["method"]
-        params = await _read_params(request)
+        params = await read_params(request)
         call = RecordedCall(bot=token, method=method, params=params, at=self.clock())
         self.calls.append(call)
         if self.latency_s:
@@ -389,12 +246,12 @@ class FakeTelegram:
         required, optional = SIGNATURES[method]
         for name in params:
             if name not in required | optional:
-                raise _bad(f"fake: unknown parameter {name!r} for {method}")
+                raise bad(f"fake: unknown parameter {name!r} for {method}")
         self._check_flood(bot, method, params, call)
         self._check_rules(bot, method, params)
         for name in sorted(required):
             if name not in params:
-                raise _bad(_MISSING.get(name, f"parameter {name} is required"))
+                raise bad(MISSING.get(name, f"parameter {name} is required"))
         return handler(bot, params)
 
     def _check_rules(self, bot: FakeBot, method: str, params: dict[str, Any]) -> None:
@@ -454,75 +311,24 @@ class FakeTelegram:
             "supports_inline_queries": False,
         }
 
-    def _chat(self, chat_id: int) -> dict[str, Any]:
-        if chat_id > 0:
-            return {"id": chat_id, "first_name": "User", "type": "private"}
-        kind = "supergroup" if str(chat_id).startswith("-100") else "group"
-        return {"id": chat_id, "title": "Group", "type": kind}
-
     def _target_chat(self, bot: FakeBot, params: dict[str, Any]) -> int:
         chat_id = params.get("chat_id")
         if isinstance(chat_id, str) and chat_id.lstrip("-").isdigit():
             chat_id = int(chat_id)
         if not isinstance(chat_id, int):
-            raise _bad("chat not found")
+            raise bad("chat not found")
         if (bot.id, chat_id) in self._blocked:
             raise ApiRefusal(403, "Forbidden: bot was blocked by the user")
         return chat_id
 
-    def _text(self, params: dict[str, Any]) -> tuple[str, list[Entity], str | None]:
-        source = params.get("text")
-        if not isinstance(source, str):
-            raise _bad("message text is empty")
-        parse_mode = params.get("parse_mode")
-        if "entities" in params:
-            raise _bad("fake: explicit entities are not supported by this fake")
-        if parse_mode is None:
-            text, entities = plain(source)
-        elif str(parse_mode).lower() == "html":
-            try:
-                text, entities = parse_html(source)
-            except EntityParseError as exc:
-                raise _bad(f"can't parse entities: {exc}") from None
-        else:
-            raise _bad(f"fake: parse_mode {parse_mode!r} is not implemented by this fake")
-        if not text:
-            raise _bad("message text is empty")
-        if utf16_len(text) > MAX_TEXT:
-            raise _bad("message is too long")
-        return text, entities, parse_mode
-
-    def _thread(self, params: dict[str, Any]) -> int | None:
-        thread = params.get("message_thread_id")
-        if thread is not None and not isinstance(thread, int):
-            raise _bad("fake: message_thread_id must be an integer")
-        return thread
-
-    def _message_json(self, bot: FakeBot, message: StoredMessage) -> dict[str, Any]:
-        body: dict[str, Any] = {
-            "message_id": message.message_id,
-            "from": bot.user(),
-            "chat": self._chat(message.chat_id),
-            "date": int(time.time()),
-            "text": message.text,
-        }
-        if message.entities:
-            body["entities"] = [entity.to_json() for entity in message.entities]
-        if message.message_thread_id is not None:
-            body["message_thread_id"] = message.message_thread_id
-            body["is_topic_message"] = True
-        if message.edits:
-            body["edit_date"] = int(time.time())
-        return body
-
     def _m_sendMessage(self, bot: FakeBot, params: dict[str, Any]) -> Any:
         chat_id = self._target_chat(bot, params)
-        text, entities, parse_mode = self._text(params)
+        text, entities, parse_mode = read_text(params)
         reply_to: int | None = None
         reply = params.get("reply_parameters")
         if reply is not None:
             if not isinstance(reply, dict) or not isinstance(reply.get("message_id"), int):
-                raise _bad("fake: reply_parameters must be an object with an integer message_id")
+                raise bad("fake: reply_parameters must be an object with an integer message_id")
             reply_to = reply["message_id"]
         key = (bot.id, chat_id)
         message_id = self._next_message_id.get(key, 1000)
@@ -534,64 +340,64 @@ class FakeTelegram:
             entities=entities,
             source=params["text"],
             parse_mode=parse_mode,
-            message_thread_id=self._thread(params),
+            message_thread_id=message_thread(params),
             reply_to_message_id=reply_to,
         )
         self._messages.setdefault(key, {})[message_id] = message
-        return self._message_json(bot, message)
+        return message_json(bot, message)
 
     def _m_editMessageText(self, bot: FakeBot, params: dict[str, Any]) -> Any:
         if "inline_message_id" in params:
-            raise _bad("fake: inline messages are not implemented by this fake")
+            raise bad("fake: inline messages are not implemented by this fake")
         if "chat_id" not in params:
-            raise _bad("chat_id is empty")
+            raise bad("chat_id is empty")
         chat_id = self._target_chat(bot, params)
         message_id = params.get("message_id")
         if not isinstance(message_id, int):
-            raise _bad("message identifier is not specified")
-        text, entities, parse_mode = self._text(params)
+            raise bad("message identifier is not specified")
+        text, entities, parse_mode = read_text(params)
         message = self._messages.get((bot.id, chat_id), {}).get(message_id)
         if message is None:
-            raise _bad("message to edit not found")
+            raise bad("message to edit not found")
         if message.text == text and message.entities == entities:
-            raise _bad(NOT_MODIFIED.removeprefix("Bad Request: "))
+            raise bad(NOT_MODIFIED.removeprefix("Bad Request: "))
         message.text, message.entities = text, entities
         message.source, message.parse_mode = params["text"], parse_mode
         message.edits += 1
-        return self._message_json(bot, message)
+        return message_json(bot, message)
 
     def _m_sendMessageDraft(self, bot: FakeBot, params: dict[str, Any]) -> Any:
         chat_id = self._target_chat(bot, params)
         if chat_id <= 0:
-            raise _bad("fake: drafts can be sent only to private chats")
+            raise bad("fake: drafts can be sent only to private chats")
         draft_id = params.get("draft_id")
         if not isinstance(draft_id, int) or draft_id == 0:
-            raise _bad("fake: draft_id must be a non-zero integer")
-        text, _entities, _mode = self._text(params)
-        self.drafts.setdefault((chat_id, self._thread(params), draft_id), []).append(text)
+            raise bad("fake: draft_id must be a non-zero integer")
+        text, _entities, _mode = read_text(params)
+        self.drafts.setdefault((chat_id, message_thread(params), draft_id), []).append(text)
         return True
 
     def _m_sendChatAction(self, bot: FakeBot, params: dict[str, Any]) -> Any:
         self._target_chat(bot, params)
         if params.get("action") not in CHAT_ACTIONS:
-            raise _bad("wrong parameter action in request")
-        self._thread(params)
+            raise bad("wrong parameter action in request")
+        message_thread(params)
         return True
 
     def _m_setWebhook(self, bot: FakeBot, params: dict[str, Any]) -> Any:
         url = params.get("url")
         if not isinstance(url, str):
-            raise _bad("fake: url must be a string")
+            raise bad("fake: url must be a string")
         secret = params.get("secret_token")
         if secret is not None and (
             not isinstance(secret, str)
             or not 1 <= len(secret) <= 256
             or any(not (c.isascii() and (c.isalnum() or c in "_-")) for c in secret)
         ):
-            raise _bad("secret token contains unallowed characters")
+            raise bad("secret token contains unallowed characters")
         allowed = params.get("allowed_updates")
         if allowed is not None and not isinstance(allowed, list):
-            raise _bad("fake: allowed_updates must be a list")
+            raise bad("fake: allowed_updates must be a list")
         bot.webhook_url, bot.webhook_secret = url, secret
         bot.allowed_updates = allowed
         if params.get("drop_pending_updates"):
@@ -619,31 +425,3 @@ class FakeTelegram:
         if params.get("drop_pending_updates"):
             bot.pending_update_count = 0
         return True
-
-
-_MISSING = {
-    "chat_id": "chat_id is empty",
-    "text": "message text is empty",
-    "action": "action is empty",
-    "url": "url is empty",
-    "draft_id": "fake: draft_id is required",
-}
-
-
-async def _read_params(request: web.Request) -> dict[str, Any]:
-    """Telegram takes JSON, form fields or the query string; form values may hold JSON."""
-    params: dict[str, Any] = dict(request.query)
-    if request.content_type == "application/json":
-        body = await request.json()
-        if not isinstance(body, dict):
-            return params
-        params.update(body)
-        return params
-    if request.can_read_body:
-        form = await request.post()
-        params.update({key: value for key, value in form.items() if isinstance(value, str)})
-    for key, value in list(params.items()):
-        if isinstance(value, str):
-            with contextlib.suppress(ValueError):
-                params[key] = json.loads(value)
-    return params

@@ -24,8 +24,8 @@ from typing import Any
 from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from bot.storage.history import path_entries
 from bot.storage.models import FORK_AT_START, Conversation, Message, Turn, TurnStatus
-from bot.storage.queries import path_entries
 from bot.storage.text import storable
 
 

@@ -35,7 +35,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_sessionm
 
 from bot.storage import exchanges
 from bot.storage.exchanges import ExchangeRecord, SeedEntry
-from bot.storage.queries import TurnSlot
+from bot.storage.new_turns import TurnSlot
 from bot.storage.text import storable
 from bot.storage.tokens import pack_token_ids
 from bot.turns.chat_format import ChatFormat

@@ -50,8 +50,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from bot.errors import ErrorClass
 from bot.storage.db import create_read_sessionmaker, create_statement_sessionmaker, is_sqlite
-from bot.storage.models import Turn, TurnStatus, new_id, one_of, utcnow
-from bot.storage.queries import as_utc
+from bot.storage.models import Turn, TurnStatus, as_utc, new_id, one_of, utcnow
 from bot.turns.cancellation import stop_requested
 from bot.turns.ending import TurnEnd, TurnEndings, apply_to_row
 from bot.turns.replies import ReplySink, TurnAddress

@@ -15,7 +15,7 @@ cache. When the next prompt plus ``max_tokens`` would pass
 3. System prompt + summary + kept exchanges are rendered with the chat template
    once and stored as a ``base`` history entry with a ``compactions`` row. From
    then on the history is that base plus the entries after it
-   (``bot.storage.queries.load_history``).
+   (``bot.storage.history.load_history``).
 
 The cache therefore breaks once per compaction (a rolling window breaks it on
 every turn). Older entries stay stored; they are just no longer prompted.
@@ -42,6 +42,7 @@ from sqlalchemy import delete, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from bot.engine.base import USER_PRIORITY, GenerationRequest, InferenceEngine
+from bot.storage.history import History, path_entries
 from bot.storage.models import (
     BASE_ROLE,
     Compaction,
@@ -52,7 +53,6 @@ from bot.storage.models import (
     TurnStatus,
     new_id,
 )
-from bot.storage.queries import History, path_entries
 from bot.storage.tokens import pack_token_ids, unpack_token_ids
 from bot.turns.chat_format import ChatFormat, Tokenizer
 from bot.turns.finished import FinishedTurn, InFinalWrite
@@ -346,7 +346,7 @@ class Compactor:
             conversation_id=conversation_id,
             seq=history.next_seq,
             # Below the entry it was built from: the tree stays connected, and the
-            # prompt path restarts at the base (``bot.storage.queries.path_entries``).
+            # prompt path restarts at the base (``bot.storage.history.path_entries``).
             parent_seq=history.head_seq,
             role=BASE_ROLE,
             text=self._format.decode(plan.base_ids),

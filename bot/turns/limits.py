@@ -56,7 +56,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
 from bot.storage import in_place
 from bot.storage.models import Conversation, LimitOverride, UsageCounter, one_of, utcnow
-from bot.storage.queries import Admission
+from bot.storage.new_turns import Admission
 from bot.turns.finished import FinishedTurn
 from bot.turns.settings import LimitSettings
 
@@ -269,7 +269,7 @@ def _admitted_always(_slot: Any) -> Any:
 
 def _admitted_in(slot: Any) -> Any:
     """PostgreSQL: fair use's admission of a message, as a condition of the statement that
-    stores its turn (``bot.storage.queries.place_turn``'s ``admission``).
+    stores its turn (``bot.storage.new_turns.place_turn``'s ``admission``).
 
     Where ``slot`` (the conversation's turn number, taken) has a row, the message takes
     one of the subject's minute's allowance (where it has a message limit) as in
@@ -338,7 +338,7 @@ class FairUse:
 
     def admission(self, subjects: list[str]) -> Admission | None:
         """``admit`` for the one subject of ``subjects``, inside the statement that stores
-        the turn (PostgreSQL, ``bot.storage.queries.place_turn``): the turn is stored
+        the turn (PostgreSQL, ``bot.storage.new_turns.place_turn``): the turn is stored
         only if admitted, and a refusal is then told apart by ``admit``. None for
         more than one subject (``admit`` undoes a take when a later subject refuses).
         """

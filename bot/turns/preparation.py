@@ -31,7 +31,7 @@ turn: this one goes on uncompacted (``bot.turns.compaction``). Only a turn
 whose prompt no longer fits waits for this worker's preparation and then reads
 the row.
 
-The history is a tree (``bot.storage.queries.path_entries``): a row describes
+The history is a tree (``bot.storage.history.path_entries``): a row describes
 the path from the root to the entry it was prepared up to (``head_seq``). It is
 used only if that entry is still on the path the turn continues (an edit or a
 regeneration of it, or activating another branch, leaves it on a path no longer
@@ -59,8 +59,8 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from bot.engine.base import BACKGROUND_PRIORITY, GenerationRequest, InferenceEngine
-from bot.storage.models import BASE_ROLE, Message, PreparedBase, utcnow
-from bot.storage.queries import History, as_utc, load_history, path_entries
+from bot.storage.history import History, load_history, path_entries
+from bot.storage.models import BASE_ROLE, Message, PreparedBase, as_utc, utcnow
 from bot.storage.tokens import pack_token_ids, unpack_token_ids
 from bot.turns.chat_format import ChatFormat
 from bot.turns.rolled_bases import PathStep, RolledBase, RolledBases

@@ -23,8 +23,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from itertools import pairwise
 
+from bot.storage.history import History
 from bot.storage.models import BASE_ROLE, Message
-from bot.storage.queries import History
 from bot.storage.tokens import unpack_token_ids
 from bot.turns.chat_format import ChatFormat
 

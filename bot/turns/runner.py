@@ -19,15 +19,10 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from bot.engine.base import GenerationChunk, GenerationRequest, InferenceEngine
 from bot.errors import BotError, ContextOverflow, ErrorClass
+from bot.storage.conversations import ConversationHead
+from bot.storage.history import History, known_history, load_history
 from bot.storage.known_paths import KnownPaths
-from bot.storage.models import Message, Turn, TurnStatus, new_id, utcnow
-from bot.storage.queries import (
-    ConversationHead,
-    History,
-    as_utc,
-    known_history,
-    load_history,
-)
+from bot.storage.models import Message, Turn, TurnStatus, as_utc, new_id, utcnow
 from bot.storage.text import storable
 from bot.storage.tokens import pack_token_ids
 from bot.turns.cancellation import Cancellations

@@ -27,7 +27,7 @@ from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_sessionmaker
 
 from bot.errors import ErrorClass
-from bot.storage import exchanges, queries
+from bot.storage import conversations, exchanges, new_turns, turn_reads
 from bot.storage.db import create_statement_sessionmaker
 from bot.storage.kept import KeptConnection
 from bot.storage.models import InboundEvent, Turn, TurnStatus, new_id, utcnow
@@ -103,7 +103,7 @@ class BegunTurn:
     """A turn its accept stored running, for its conversation's worker to run first."""
 
     turn: Turn
-    head: queries.ConversationHead | None
+    head: conversations.ConversationHead | None
     """The conversation's head, read in the accept's transaction: the history the turn
     answers (no head moves while a turn of the conversation is open: a branch switch is
     refused, a compaction is the turn's own)."""
@@ -284,7 +284,7 @@ class TurnService:
         *,
         rehearsal: bool = False,
         plan: CarriedPlan | None = None,
-    ) -> queries.TurnSlot:
+    ) -> new_turns.TurnSlot:
         """Store the message's turn ``row`` in its conversation (created for a key's first
         message), counted against fair use: the accept's writes, all or nothing.
 
@@ -303,7 +303,7 @@ class TurnService:
                 if slot is not None:
                     return slot
             async with self._accept_transaction() as (session, connection):
-                # SQLite has no one-statement placement (``queries.place_turn``), nor has
+                # SQLite has no one-statement placement (``new_turns.place_turn``), nor has
                 # a carried history (its conversation is found, not named).
                 placed = (
                     await _place_turn(session, message, row, announce_channel)
@@ -320,7 +320,7 @@ class TurnService:
                     return slot
                 # SQLite, or a conversation another accept was creating: slot, then turn
                 if plan is None:
-                    slot = await queries.take_turn_slot(
+                    slot = await new_turns.take_turn_slot(
                         connection,
                         owner=message.owner,
                         channel=message.channel,
@@ -345,7 +345,7 @@ class TurnService:
                     row["status"] = TurnStatus.RUNNING
                     row["started_at"] = utcnow()
                     begun = self._start_worker(slot.conversation_id)
-                await queries.insert_turn(
+                await new_turns.insert_turn(
                     connection, row, channel=message.channel, event_id=message.event_id
                 )
                 if plan is not None and plan.placed is not None:
@@ -374,7 +374,7 @@ class TurnService:
         the session's bookkeeping, and the accept's statements run on it directly).
 
         On SQLite, the connection kept for the accepts (``bot.storage.kept``) and no
-        session; on PostgreSQL a session's, for ``queries.place_turn``.
+        session; on PostgreSQL a session's, for ``new_turns.place_turn``.
         """
         if self.kept_accepts is not None:
             async with self.kept_accepts.begin() as connection:
@@ -419,7 +419,7 @@ class TurnService:
         announce_channel: str | None,
         *,
         rehearsal: bool = False,
-    ) -> queries.TurnSlot | None:
+    ) -> new_turns.TurnSlot | None:
         """PostgreSQL: store the message's turn with one statement and no transaction.
 
         ``place_turn`` all or nothing, fair use's admission inside it, the key's
@@ -514,7 +514,7 @@ class TurnService:
         Raises ``ForkRefused`` like ``regenerate`` (e.g. the reply is still being written).
         """
         async with self._sessions() as session:
-            conversation = await queries.find_open_conversation(
+            conversation = await conversations.find_open_conversation(
                 session, owner=owner, channel=channel, external_key=conversation_key
             )
             target = None if conversation is None else await latest_turn(session, conversation)
@@ -536,7 +536,7 @@ class TurnService:
         if duplicate is not None:
             return duplicate
         async with self._sessions() as session:
-            conversation = await queries.find_open_conversation(
+            conversation = await conversations.find_open_conversation(
                 session,
                 owner=message.owner,
                 channel=message.channel,
@@ -582,15 +582,15 @@ class TurnService:
         try:
             async with self._sessions() as session, session.begin():
                 if owner is not None:
-                    owned = await queries.get_turn_for_owner(session, turn_id, owner)
+                    owned = await turn_reads.get_turn_for_owner(session, turn_id, owner)
                     target = owned[0] if owned is not None else None
                 else:
-                    target = await queries.get_turn(session, turn_id)
+                    target = await turn_reads.get_turn(session, turn_id)
                 if target is None:
                     raise LookupError(turn_id)
                 # Locks the conversation: the checks in fork_turn hold until commit. Before
                 # fair use's take, as in every accept (``accept``: one order, no deadlock).
-                seq = await queries.allocate_turn_seq(session, target.conversation_id)
+                seq = await conversations.allocate_turn_seq(session, target.conversation_id)
                 if self.fair_use is not None:
                     subjects = await stored_turn_subjects(
                         session,
@@ -634,11 +634,11 @@ class TurnService:
         conversation is still being answered (its reply would land on the old branch).
         """
         async with self._sessions() as session, session.begin():
-            owned = await queries.get_turn_for_owner(session, turn_id, owner)
+            owned = await turn_reads.get_turn_for_owner(session, turn_id, owner)
             if owned is None:
                 raise LookupError(turn_id)
             turn = owned[0]
-            await queries.allocate_turn_seq(session, turn.conversation_id)  # lock
+            await conversations.allocate_turn_seq(session, turn.conversation_id)  # lock
             open_turn = await session.scalar(
                 select(Turn.id).where(
                     Turn.conversation_id == turn.conversation_id,
@@ -715,11 +715,11 @@ class TurnService:
         the next message continues it (``/mode``).
         """
         async with self._sessions() as session, session.begin():
-            await queries.close_conversation(
+            await conversations.close_conversation(
                 session, owner=owner, channel=channel, external_key=conversation_key
             )
             if persona is not None:
-                await queries.open_conversation(
+                await conversations.open_conversation(
                     session,
                     owner=owner,
                     channel=channel,
@@ -730,7 +730,7 @@ class TurnService:
     async def cancel_active(self, *, channel: str, owner: str, conversation_key: str) -> bool:
         """Stop the reply being generated in this conversation, if any."""
         async with self._sessions() as session:
-            conversation = await queries.open_conversation(
+            conversation = await conversations.open_conversation(
                 session, owner=owner, channel=channel, external_key=conversation_key
             )
             await session.commit()
@@ -977,7 +977,7 @@ async def record_exchange(
     connection: AsyncConnection,
     message: InboundMessage,
     turn_id: str,
-    slot: queries.TurnSlot,
+    slot: new_turns.TurnSlot,
     plan: CarriedPlan,
 ) -> None:
     """The row that finds a carried history's turn again, in its accept's transaction."""
@@ -994,7 +994,7 @@ async def record_exchange(
     )
 
 
-def _refuse_other_persona(slot: queries.TurnSlot, message: InboundMessage) -> None:
+def _refuse_other_persona(slot: new_turns.TurnSlot, message: InboundMessage) -> None:
     """Raise when the message asks for a persona its conversation was not created with.
 
     Raised out of the accept's transaction: the turn number taken is rolled back.
@@ -1009,11 +1009,11 @@ async def _place_turn(
     row: dict[str, Any],
     announce_channel: str | None,
     *,
-    admission: queries.Admission | None = None,
+    admission: new_turns.Admission | None = None,
     all_or_nothing: bool = False,
-) -> queries.PlacedTurn | None:
-    """``queries.place_turn`` for ``message``'s turn ``row`` (both ways of ``accept``)."""
-    return await queries.place_turn(
+) -> new_turns.PlacedTurn | None:
+    """``new_turns.place_turn`` for ``message``'s turn ``row`` (both ways of ``accept``)."""
+    return await new_turns.place_turn(
         session,
         owner=message.owner,
         channel=message.channel,
@@ -1046,5 +1046,5 @@ class TurnRunnerLike(Protocol):
         *,
         persist_ms: float | None = None,
         begun: Turn | None = None,
-        head: queries.ConversationHead | None = None,
+        head: conversations.ConversationHead | None = None,
     ) -> None: ...

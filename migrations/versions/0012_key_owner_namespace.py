@@ -23,7 +23,7 @@ down_revision: str | None = "0011"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
-# The channels whose messages come with an API key (``bot.channels.registry``: API, OPENAI).
+# The channels whose messages come with an API key (the API and OpenAI kinds).
 _KEY_CHANNELS = "('api', 'openai')"
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from bot.engine.vllm_local import LocalVLLMEngine
 from bot.http.keys import TURNS
-from bot.storage.queries import as_utc
+from bot.storage.models import as_utc
 from tests.conftest import MakeClient, issue_key
 from tests.engines import MeetingEngine
 from tests.helpers import (

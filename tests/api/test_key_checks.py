@@ -40,8 +40,7 @@ from bot.storage.db import (
     is_sqlite,
     storage_unavailable,
 )
-from bot.storage.models import ApiKey, utcnow
-from bot.storage.queries import as_utc
+from bot.storage.models import ApiKey, as_utc, utcnow
 from tests.conftest import issue_key
 
 BURST = 20

@@ -15,8 +15,7 @@ from sqlalchemy import select
 
 from bot.apikeys import KEY_CHECK_TTL_S
 from bot.storage.db import create_engine, create_sessionmaker
-from bot.storage.models import ApiKey
-from bot.storage.queries import as_utc
+from bot.storage.models import ApiKey, as_utc
 from tests.conftest import MakeClient
 from tests.helpers import auth
 from tests.ops.helpers import botctl

@@ -26,8 +26,8 @@ from bot.engine.settings import EngineSettings
 from bot.errors import EngineError, ErrorClass
 from bot.http.keys import DB_PROBE, TURNS
 from bot.http.ops import READY_CHECK_TIMEOUT_S
-from bot.metrics import note_rate_limited
-from bot.recent_answer import FRESH_S
+from bot.ops.metrics import note_rate_limited
+from bot.ops.recent_answer import FRESH_S
 from bot.storage.db import create_engine, create_probe_engine, create_sessionmaker, is_sqlite
 from bot.storage.models import ApiKey, utcnow
 from bot.turns.chat_format import ChatFormat
@@ -119,7 +119,7 @@ async def test_readyz_takes_statements_that_just_completed_for_the_database_answ
     tmp_path: Path,
 ) -> None:
     """Under load the check's own round trip waits behind the very statements that show the
-    database answers, and can miss its timeout (bot.recent_answer): while they complete, the
+    database answers, and can miss its timeout (bot.ops.recent_answer): while they complete, the
     service is ready whatever the probe says; once they stop, the probe decides."""
     # No poller statements in between: the test decides when the database last answered.
     settings = make_settings(db_url, engine_settings, workers={"poll_interval_s": 60})

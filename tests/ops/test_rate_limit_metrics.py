@@ -9,7 +9,7 @@ from bot.channels.slack.api import SlackApi, SlackCallError, make_client
 from bot.channels.slack.settings import SlackAppSettings
 from bot.channels.telegram.api import TelegramApi, TelegramApiError
 from bot.channels.telegram.settings import TelegramBotSettings
-from bot.metrics import BotMetrics
+from bot.ops.metrics import BotMetrics
 from bot.testing.slack_api import FakeSlackApi
 from bot.testing.telegram_api import FakeTelegram
 from tests.ops.helpers import samples, value

@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy import event
 
 from bot.http.keys import DB_PROBE
-from bot.recent_answer import RecentAnswer
+from bot.ops.recent_answer import RecentAnswer
 from tests.conftest import MakeClient, issue_key
 from tests.ops.helpers import chat
 

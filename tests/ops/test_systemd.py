@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from bot import systemd
+from bot.ops import systemd
 
 ROOT = Path(__file__).resolve().parents[2]
 UNIT = ROOT / "deploy" / "bot.service"

@@ -28,8 +28,7 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from bot.storage.db import create_engine, create_sessionmaker
-from bot.storage.models import Message, Turn, TurnStatus, utcnow
-from bot.storage.queries import as_utc
+from bot.storage.models import Message, Turn, TurnStatus, as_utc, utcnow
 from bot.testing.vllm_servers import API_KEY, SERVED_MODEL_NAME, VLLMServer, free_port
 from tests.conftest import issue_key, migrate
 from tests.helpers import auth, load_turns

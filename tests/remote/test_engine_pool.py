@@ -131,7 +131,7 @@ async def test_150_concurrent_turns_on_one_replica_never_time_out_and_readyz_sta
     assert peak_in_flight > 100  # the load did go beyond aiohttp's default pool of 100
     # Every check passes: a check's own round trip has taken over 3 s here (vLLM's threads
     # on both cores), but streams and statements that just completed count as answers
-    # (bot.recent_answer). How many checks fit depends on how long the turns take to
+    # (bot.ops.recent_answer). How many checks fit depends on how long the turns take to
     # arrive and stream (9 in one run of 3.7 s streaming): some must have been answered
     # while all the turns streamed.
     assert readyz[200] >= 5 and readyz[503] == 0, (dict(readyz), not_ready)

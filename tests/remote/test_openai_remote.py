@@ -17,7 +17,7 @@ from bot.engine.openai_remote import OpenAIRemoteEngine
 from bot.engine.routing import rendezvous_order
 from bot.engine.vllm_local import LocalVLLMEngine
 from bot.errors import EngineError, ErrorClass
-from bot.recent_answer import FRESH_S
+from bot.ops.recent_answer import FRESH_S
 from bot.testing.vllm_servers import VLLMServer, free_port
 from bot.turns.chat_format import ChatFormat
 from tests.conftest import TEST_BLOCK_SIZE, MakeClient, issue_key
@@ -278,7 +278,7 @@ async def test_a_replica_streaming_to_us_is_healthy_though_its_health_check_fail
     misbehaving: MisbehavingServer,
 ) -> None:
     """Under load a replica's /health can miss the check's timeout while every stream flows:
-    a stream that just delivered is the better evidence (bot.recent_answer)."""
+    a stream that just delivered is the better evidence (bot.ops.recent_answer)."""
     misbehaving.mode = "slow"  # and /health answers 404
     engine = await engine_for([misbehaving.base_url], max_attempts=1)
     try:

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from bot.demo_model import IM_END, IM_START
+from bot.models.demo_model import IM_END, IM_START
 from bot.turns.chat_format import ChatFormat, load_tokenizer
 from bot.turns.literal_text import LiteralEncoder, control_token_ids
 from tests.conftest import TEST_SYSTEM_PROMPT

@@ -20,7 +20,7 @@ import structlog
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 
-from bot.log import configure_logging
+from bot.ops.log import configure_logging
 from bot.storage.db import create_engine, is_sqlite
 from tests.conftest import MakeClient, issue_key
 from tests.helpers import load_turns

@@ -7,7 +7,8 @@ from typing import Any
 import pytest
 
 from bot.channels.telegram.api import TelegramApi, TelegramApiError
-from bot.testing.telegram_api import NOT_MODIFIED, FakeTelegram
+from bot.testing.telegram_api import FakeTelegram
+from bot.testing.telegram_methods import NOT_MODIFIED
 from tests.telegram.conftest import GROUP_CHAT, PRIVATE_CHAT
 
 

@@ -16,8 +16,8 @@ from bot.engine.vllm_local import LocalVLLMEngine
 from bot.errors import EngineError, ErrorClass
 from bot.http.keys import TURNS
 from bot.storage.db import create_engine, create_sessionmaker
+from bot.storage.history import load_history
 from bot.storage.models import Compaction, Conversation, Message, PreparedBase
-from bot.storage.queries import load_history
 from bot.storage.tokens import pack_token_ids, unpack_token_ids
 from bot.turns.chat_format import ChatFormat
 from bot.turns.compaction import Compactor

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from bot.demo_model import IM_END
+from bot.models.demo_model import IM_END
 from bot.turns.chat_format import (
     ChatFormat,
     ChatTemplateError,

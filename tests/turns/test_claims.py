@@ -17,7 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from bot.channels.base import ReplySink, TurnAddress
 from bot.engine.vllm_local import LocalVLLMEngine
-from bot.storage import queries
+from bot.storage.conversations import allocate_turn_seq, open_conversation
 from bot.storage.db import create_engine, create_sessionmaker
 from bot.storage.models import Turn, TurnStatus, utcnow
 from bot.turns import claims as claims_module
@@ -36,12 +36,12 @@ def _no_channel(address: TurnAddress) -> ReplySink:
 
 async def add_turn(session: AsyncSession, conversation_key: str, **fields: Any) -> Turn:
     """A turn of Alice's API conversation ``conversation_key``, added in ``session``."""
-    conversation = await queries.open_conversation(
+    conversation = await open_conversation(
         session, owner="alice", channel="api", external_key=conversation_key
     )
     turn = Turn(
         conversation_id=conversation.id,
-        seq=await queries.allocate_turn_seq(session, conversation.id),
+        seq=await allocate_turn_seq(session, conversation.id),
         channel="api",
         user_text="hello",
         **fields,

@@ -10,8 +10,9 @@ from sqlalchemy import select
 
 from bot.config import EngineSettings
 from bot.engine.vllm_local import LocalVLLMEngine
-from bot.storage import queries
+from bot.storage.conversations import allocate_turn_seq
 from bot.storage.db import create_engine, create_sessionmaker
+from bot.storage.history import load_history
 from bot.storage.models import BASE_ROLE, Compaction, Message, Turn
 from bot.storage.tokens import unpack_token_ids
 from bot.turns.chat_format import ChatFormat
@@ -242,14 +243,14 @@ async def test_compaction_writes_only_while_its_turn_is_still_ours(
             conversation_id = first.conversation_id
             turn = Turn(
                 conversation_id=conversation_id,
-                seq=await queries.allocate_turn_seq(session, conversation_id),
+                seq=await allocate_turn_seq(session, conversation_id),
                 channel="api",
                 user_text=LINES[3],
                 status=status,
             )
             session.add(turn)
         async with sessions() as session:
-            history = await queries.load_history(session, conversation_id)
+            history = await load_history(session, conversation_id)
         settings = make_settings(sqlite_url, engine_settings, **_compaction_sections(summary=False))
         compactor = Compactor(
             settings=settings.compaction,

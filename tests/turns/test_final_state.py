@@ -285,7 +285,7 @@ async def test_a_turn_left_running_is_failed_within_the_bound_when_no_message_fo
     assert len(turn_lines(logs, first["turn_id"])) == 1
 
 
-# A key's first message creates its conversation: on its own (``queries._create_conversation``,
+# A key's first message creates its conversation: on its own (``conversations.create_conversation``,
 # SQLite) or inside the accept's one statement (PostgreSQL).
 NEW_CONVERSATION = r"^(?:WITH slot AS.*)?INSERT INTO conversations"
 

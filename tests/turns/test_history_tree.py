@@ -13,9 +13,9 @@ from sqlalchemy import select, text
 from bot.admin.conversations import load_conversation
 from bot.engine.vllm_local import LocalVLLMEngine
 from bot.storage.db import create_engine, create_sessionmaker
+from bot.storage.history import load_history
 from bot.storage.migrate import upgrade
 from bot.storage.models import Conversation, Message, TurnStatus, utcnow
-from bot.storage.queries import load_history
 from bot.storage.tokens import pack_token_ids
 from bot.turns.chat_format import ChatFormat
 from tests.conftest import TEST_BLOCK_SIZE, MakeClient, issue_key

@@ -11,7 +11,7 @@ import datetime as dt
 import pytest
 
 from bot.http.keys import TURNS
-from bot.storage import queries
+from bot.storage.conversations import allocate_turn_seq, open_conversation
 from bot.storage.db import create_engine, create_sessionmaker
 from bot.storage.models import Turn, TurnStatus, utcnow
 from tests.conftest import MakeClient, issue_key
@@ -23,14 +23,14 @@ async def seed_crashed_conversation(db_url: str, lease_expires_at: dt.datetime) 
     engine = create_engine(db_url)
     try:
         async with create_sessionmaker(engine)() as session, session.begin():
-            conversation = await queries.open_conversation(
+            conversation = await open_conversation(
                 session, owner="key:alice", channel="api", external_key="crashed"
             )
             ids = []
             for index, status in enumerate([TurnStatus.RUNNING, TurnStatus.QUEUED]):
                 turn = Turn(
                     conversation_id=conversation.id,
-                    seq=await queries.allocate_turn_seq(session, conversation.id),
+                    seq=await allocate_turn_seq(session, conversation.id),
                     channel="api",
                     user_text=f"message {index}",
                     status=status,

@@ -18,8 +18,8 @@ from bot.engine.base import BACKGROUND_PRIORITY, GenerationChunk, GenerationRequ
 from bot.engine.vllm_local import LocalVLLMEngine
 from bot.http.keys import TURNS
 from bot.storage.db import create_engine, create_sessionmaker
+from bot.storage.history import load_history, path_entries
 from bot.storage.models import BASE_ROLE, Conversation, Message, PreparedBase
-from bot.storage.queries import load_history, path_entries
 from bot.storage.tokens import unpack_token_ids
 from bot.turns.chat_format import ChatFormat
 from tests.conftest import TEST_MAX_MODEL_LEN, MakeClient, issue_key

@@ -20,7 +20,7 @@ from typing import Any
 from aiohttp import web
 
 from bot.apikeys import Principal
-from bot.channels.registry import API
+from bot.channels.api.kind import API
 from bot.http.errors import json_error
 from bot.http.key_gate import Scope, requires
 from bot.http.keys import READ_SESSIONS

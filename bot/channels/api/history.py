@@ -19,12 +19,13 @@ from typing import Any
 from aiohttp import web
 
 from bot.apikeys import Principal
-from bot.channels.registry import API
+from bot.channels.api.kind import API
 from bot.errors import USER_MESSAGES, ErrorClass
 from bot.http.key_gate import Scope, requires
 from bot.http.keys import READ_SESSIONS
+from bot.storage.conversations import find_open_conversation
 from bot.storage.models import Turn
-from bot.storage.queries import find_open_conversation, recent_turns
+from bot.storage.turn_reads import recent_turns
 from bot.turns.branching import tree_view
 from bot.turns.ending import usage
 from bot.turns.status import shown_status

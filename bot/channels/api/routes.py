@@ -17,18 +17,18 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from bot.apikeys import Principal
 from bot.channels.api import branches, conversations, history, usage
 from bot.channels.api.history import turn_document
+from bot.channels.api.kind import API
 from bot.channels.api.streaming import reserve_stream, stream_turn, wants_event_stream
 from bot.channels.base import InboundMessage, SilentChannel
 from bot.channels.ids import ID_MAX
 from bot.channels.ingress import IngressClock, PostedMessage, rate_limited, read_posted
 from bot.channels.kind import Wiring
-from bot.channels.registry import API
 from bot.http.errors import json_error
 from bot.http.key_gate import Scope, requires
 from bot.http.keys import READ_SESSIONS, SERVER, STREAM_READERS, TURN_FOLLOWERS, TURNS
 from bot.http.ops import METRICS
 from bot.http.readers import EventStreamReaders
-from bot.storage.queries import get_turn_for_owner, owned_turn_id
+from bot.storage.turn_reads import get_turn_for_owner, owned_turn_id
 from bot.turns.branching import attempts_of
 from bot.turns.followers import TurnFollowers
 from bot.turns.service import api_event_id
@@ -199,7 +199,7 @@ async def turn_events(request: web.Request, principal: Principal) -> web.StreamR
     return await stream_turn(request, turn_id, _resume_offset(request), slot)
 
 
-def setup(app: web.Application, tables: list[None], wiring: Wiring) -> None:
+def setup(app: web.Application, wiring: Wiring) -> None:
     wiring.turns.register_channel(SilentChannel(API.name))
     readers = EventStreamReaders(wiring.server.max_streams_per_key)
     followers = TurnFollowers(app[READ_SESSIONS], wiring.turns.streams)

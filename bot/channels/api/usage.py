@@ -14,7 +14,8 @@ import datetime as dt
 from aiohttp import web
 
 from bot.apikeys import Principal
-from bot.channels.registry import API, OPENAI
+from bot.channels.api.kind import API
+from bot.channels.openai.kind import OPENAI
 from bot.http.errors import json_error
 from bot.http.key_gate import Scope, requires
 from bot.http.keys import USAGE

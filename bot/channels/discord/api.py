@@ -30,7 +30,7 @@ from bot.channels.delivery_retry import CallFailure, Network, network_failure
 from bot.channels.discord.settings import DiscordBotSettings
 from bot.channels.slack.pacing import Pacer
 from bot.errors import ErrorClass
-from bot.metrics import note_rate_limited
+from bot.ops.metrics import note_rate_limited
 
 GLOBAL_KEY = "global"
 DEFAULT_RETRY_AFTER_S = 1.0

@@ -35,11 +35,10 @@ from bot.channels.discord.payloads import (
     parse_interaction,
     to_inbound,
 )
-from bot.channels.discord.settings import DiscordBotSettings
+from bot.channels.discord.settings import DISCORD, DiscordBotSettings
 from bot.channels.discord.signing import SIGNATURE_HEADER, TIMESTAMP_HEADER
 from bot.channels.ingress import IngressClock, too_long
 from bot.channels.kind import Wiring
-from bot.channels.registry import DISCORD
 from bot.http.body import BodyError, load_json, read_body
 from bot.http.errors import json_error
 from bot.http.keys import USAGE

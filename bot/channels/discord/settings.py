@@ -13,6 +13,7 @@ import re
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 from bot.channels.access import GroupPolicy, listed, may_talk
+from bot.channels.kind import ChannelKind
 
 DISCORD_API_BASE_URL = "https://discord.com/api/v10"
 MAX_MESSAGE_CHARS = 2000
@@ -108,3 +109,7 @@ class DiscordBotSettings(BaseModel):
     def channel(self) -> str:
         """``InboundMessage.channel`` and owner of this bot's conversations (one cache salt)."""
         return f"discord:{self.name}"
+
+
+DISCORD = ChannelKind("discord", DiscordBotSettings)
+"""Its ``[[discord]]`` tables, its turn channels named ``discord:NAME``."""

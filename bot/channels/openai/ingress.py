@@ -23,8 +23,8 @@ from bot.apikeys import Principal
 from bot.channels.base import InboundMessage
 from bot.channels.ingress import IngressClock
 from bot.channels.openai.errors import RequestRefused, bad_request, openai_error
+from bot.channels.openai.kind import OPENAI
 from bot.channels.openai.requests import Request, parse
-from bot.channels.registry import OPENAI
 from bot.engine.settings import EngineSettings
 from bot.errors import ErrorClass
 from bot.http.body import BodyError, parse_json_object, read_body

@@ -53,8 +53,7 @@ from bot.http.keys import ENGINE_SETTINGS, READ_SESSIONS, TURN_FOLLOWERS, TURNS
 from bot.http.readers import StreamSlot
 from bot.http.sse import open_event_stream
 from bot.storage.exchanges import ExchangeRecord, StoredResponse, find_response
-from bot.storage.models import TurnStatus
-from bot.storage.queries import as_utc
+from bot.storage.models import TurnStatus, as_utc
 from bot.storage.text import is_storable
 from bot.turns.carried import CarriedHistory, ContinuedTurn, Exchange, extend_hash
 

@@ -12,9 +12,9 @@ from bot.channels.kind import Wiring
 from bot.channels.openai.chat_completions import create_chat_completion
 from bot.channels.openai.errors import chat_key, openai_error
 from bot.channels.openai.ingress import served_model
+from bot.channels.openai.kind import OPENAI
 from bot.channels.openai.requests import ChatCompletionRequest, ResponsesRequest
 from bot.channels.openai.responses import create_response, get_response
-from bot.channels.registry import OPENAI
 from bot.errors import ErrorClass
 from bot.http.keys import ENGINE_SETTINGS
 from bot.http.openapi import describe_body
@@ -44,7 +44,7 @@ async def retrieve_model(request: web.Request, principal: Principal) -> web.Resp
     return web.json_response(_model_document(model))
 
 
-def setup(app: web.Application, tables: list[None], wiring: Wiring) -> None:
+def setup(app: web.Application, wiring: Wiring) -> None:
     wiring.turns.register_channel(SilentChannel(OPENAI.name))
     app.router.add_post("/v1/chat/completions", create_chat_completion)
     app.router.add_post("/v1/responses", create_response)

@@ -20,7 +20,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 from bot.channels.delivery_retry import CallFailure, Network, network_failure
 from bot.channels.slack.settings import SlackAppSettings
 from bot.errors import ErrorClass
-from bot.metrics import note_rate_limited
+from bot.ops.metrics import note_rate_limited
 
 AUTH_ERRORS = frozenset(
     {

@@ -30,7 +30,6 @@ from aiohttp import web
 from bot.channels.access import GROUPS_OFF_TEXT, NOT_ALLOWED_TEXT, REFUSAL_CLASS
 from bot.channels.ingress import IngressClock, declined_too_long, too_long
 from bot.channels.kind import Wiring
-from bot.channels.registry import SLACK
 from bot.channels.slack.channel import SlackChannel
 from bot.channels.slack.commands import (
     HELP_TEXT,
@@ -47,7 +46,7 @@ from bot.channels.slack.payloads import (
     parse_body,
     to_inbound,
 )
-from bot.channels.slack.settings import SlackAppSettings
+from bot.channels.slack.settings import SLACK, SlackAppSettings
 from bot.channels.slack.signing import SignedBody, pick_app, read_signed_body
 from bot.http.body import BodyError, load_json, read_body
 from bot.http.errors import json_error

@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 from bot.channels.access import GroupPolicy, listed, may_talk
+from bot.channels.kind import ChannelKind
 
 SLACK_API_BASE_URL = "https://slack.com/api/"
 
@@ -88,3 +89,7 @@ class SlackAppSettings(BaseModel):
     def may_talk(self, user_id: str | None) -> bool:
         """Whether this user may talk to the app (the allow-list, or an admin)."""
         return may_talk(self.allowed_users, self.admins, user_id)
+
+
+SLACK = ChannelKind("slack", SlackAppSettings)
+"""Its ``[[slack]]`` tables, its turn channels named ``slack:NAME``."""

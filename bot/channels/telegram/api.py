@@ -28,7 +28,7 @@ from bot.channels.delivery_retry import CallFailure, DeliveryRetry, network_fail
 from bot.channels.telegram.pacing import ChatPacer, PacingPolicy
 from bot.channels.telegram.settings import TelegramBotSettings
 from bot.errors import ErrorClass
-from bot.metrics import note_rate_limited
+from bot.ops.metrics import note_rate_limited
 
 log = structlog.get_logger(__name__)
 

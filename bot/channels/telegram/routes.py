@@ -26,7 +26,6 @@ from bot.channels.base import InboundMessage
 from bot.channels.ids import telegram_id
 from bot.channels.ingress import IngressClock, declined_too_long
 from bot.channels.kind import Wiring
-from bot.channels.registry import TELEGRAM
 from bot.channels.telegram.api import TelegramApi, TelegramApiError
 from bot.channels.telegram.channel import TelegramChannel
 from bot.channels.telegram.commands import EDIT_REFUSED_TEXT, run_command
@@ -41,7 +40,7 @@ from bot.channels.telegram.payloads import (
     parse_update,
     sender_of,
 )
-from bot.channels.telegram.settings import TelegramBotSettings
+from bot.channels.telegram.settings import TELEGRAM, TelegramBotSettings
 from bot.errors import ErrorClass
 from bot.http.body import BodyError, parse_json_object, read_body
 from bot.http.errors import json_error

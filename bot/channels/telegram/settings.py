@@ -13,6 +13,7 @@ import re
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 from bot.channels.access import GroupPolicy, listed, may_talk
+from bot.channels.kind import ChannelKind
 from bot.channels.telegram.splitting import MAX_MESSAGE_CHARS
 
 TELEGRAM_API_BASE_URL = "https://api.telegram.org"
@@ -104,3 +105,7 @@ class TelegramBotSettings(BaseModel):
     def channel(self) -> str:
         """``InboundMessage.channel`` (and owner) of this bot's conversations."""
         return f"telegram:{self.name}"
+
+
+TELEGRAM = ChannelKind("telegram", TelegramBotSettings)
+"""Its ``[[telegram]]`` tables, its turn channels named ``telegram:NAME``."""

@@ -28,9 +28,8 @@ from bot.channels.ingress import (
     read_posted,
 )
 from bot.channels.kind import Wiring
-from bot.channels.registry import WEBHOOK
 from bot.channels.webhook.channel import WebhookChannel
-from bot.channels.webhook.settings import WebhookSettings
+from bot.channels.webhook.settings import WEBHOOK, WebhookSettings
 from bot.channels.webhook.signing import SIGNATURE_HEADER, TIMESTAMP_HEADER, verify_any
 from bot.http.body import BodyError, read_body
 from bot.http.errors import json_error

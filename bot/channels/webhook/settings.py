@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
+from bot.channels.kind import ChannelKind
+
 DEFAULT_CALLBACK_TIMEOUT_S = 10.0
 DEFAULT_RETRY_FOR_S = 60.0
 DEFAULT_RETRY_BACKOFF_S = 0.5
@@ -58,3 +60,7 @@ class WebhookSettings(BaseModel):
         for value in values:
             cls._long_enough(value)
         return values
+
+
+WEBHOOK = ChannelKind("webhook", WebhookSettings)
+"""Its ``[[webhooks]]`` tables, its turn channels named ``webhook:NAME``."""
