@@ -220,7 +220,7 @@ class TurnClaims(abc.ABC):
             text=turn.reply_text or "",
             timings_ms=dict(turn.layer_ms or {}),
             log_fields={"taken_over_by": self.worker_id},
-            resumes=turn.resumes,
+            resumes=turn.resumes or 0,
         )
 
     async def _apologise(self, turn: Turn) -> None:
@@ -537,9 +537,9 @@ class LeasedClaims(TurnClaims):
                     turn_id=turn.id,
                     conversation_id=turn.conversation_id,
                     previous_worker=lease.owner,
-                    resumes=turn.resumes + 1,
+                    resumes=(turn.resumes or 0) + 1,
                 )
-                turn.resumes += 1
+                turn.resumes = (turn.resumes or 0) + 1
             turn.lease_owner = self.worker_id
             turn.lease_expires_at = now + self.lease
             return ClaimOutcome.CLAIMED, turn

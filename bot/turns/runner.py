@@ -195,7 +195,8 @@ class TurnRunner:
         )
         self._streams.open(turn.id)
         # Taken over from a dead worker (``claims``): counted with the continued streams.
-        progress = _Progress(covered=covered, resumed=turn.resumes)
+        # (A turn begun at its accept is the object stored there: no column default read back.)
+        progress = _Progress(covered=covered, resumed=turn.resumes or 0)
         carried = carried_ids(turn)
         if carried:
             # Taken over from a dead worker, or a continuation: the reply so far is out.
