@@ -47,6 +47,10 @@ from bot.turns.cancellation import stop_requested
 log = structlog.get_logger(__name__)
 
 PARTIAL_REPLY_INTERVAL_S = 0.5
+SAVE_NOW_WAIT_S = 0.5
+"""How long a turn waits for a save it asked for at once (a round trip, normally). A database
+that holds the save up longer (a locked table) must not hold up the turn's end as well: the
+save goes on by itself, and the final write, retried, stores the whole reply anyway."""
 
 
 @dataclass(frozen=True)
@@ -74,6 +78,8 @@ class _Running:
     on_lost: Callable[[], object] | None
     on_saved: Callable[[ReplySnapshot], object] | None
     saved: ReplySnapshot = field(default_factory=ReplySnapshot)
+    now: asyncio.Task[None] | None = None
+    """A save asked for at once (``save_now``), while it is in flight."""
 
 
 class PartialReplies:
@@ -133,16 +139,36 @@ class PartialReplies:
             if changed:
                 await self._save_changed(changed)
 
-    async def save_now(self, turn_id: str) -> bool:
-        """Save one running turn's reply now (its first text, its last); True once stored."""
+    async def save_now(self, turn_id: str, *, wait_s: float = SAVE_NOW_WAIT_S) -> bool:
+        """Save one running turn's reply now (its first text, its last), waiting at most
+        ``wait_s`` for it; True once the reply as it is now is stored.
+
+        A save already in flight is waited for, not sent again; one that takes longer
+        is left to finish (not cancelled: that would cost a cancel request and the pooled
+        connection, ``saving``).
+        """
         running = self._running.get(turn_id)
         if running is None:
             return False
-        reply = running.reply_so_far()
-        if not reply.changed_from(running.saved):
-            return True
-        await self._save_changed({turn_id: (running, reply)})
-        return running.saved is reply
+        deadline = asyncio.get_running_loop().time() + wait_s
+        while True:
+            reply = running.reply_so_far()
+            if not reply.changed_from(running.saved):
+                return True
+            if running.now is None or running.now.done():
+                running.now = asyncio.create_task(
+                    self._save_changed({turn_id: (running, reply)}),
+                    name="partial-reply-now",
+                    context=contextvars.Context(),
+                )
+            remaining = deadline - asyncio.get_running_loop().time()
+            if remaining <= 0:
+                return False
+            await asyncio.wait({running.now}, timeout=remaining)
+            if not running.now.done() or self._running.get(turn_id) is not running:
+                return False
+            if running.saved is not reply:
+                await asyncio.sleep(0.05)  # skipped (its row held) or refused: not at once
 
     async def _save_changed(self, changed: Mapping[str, tuple[_Running, ReplySnapshot]]) -> None:
         try:
