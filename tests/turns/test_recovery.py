@@ -25,7 +25,7 @@ async def seed_crashed_conversation(db_url: str, lease_expires_at: dt.datetime) 
     try:
         async with create_sessionmaker(engine)() as session, session.begin():
             conversation = await queries.open_conversation(
-                session, owner="alice", channel="api", external_key="crashed"
+                session, owner="key:alice", channel="api", external_key="crashed"
             )
             ids = []
             for index, status in enumerate([TurnStatus.RUNNING, TurnStatus.QUEUED]):
