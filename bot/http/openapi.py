@@ -241,6 +241,19 @@ _PATHS: dict[str, dict[str, Any]] = {
             },
         }
     },
+    "/v1/turns/{turn_id}/continue": {
+        "post": {
+            "summary": "Carry on the latest turn's reply, cut at the length limit, as a new "
+            "attempt whose reply starts with it (continued_chars characters)",
+            "security": _BEARER,
+            "parameters": [_path_param("turn_id")],
+            "responses": {
+                "200": _SSE,
+                "202": _json("Stored: the continuation's turn"),
+                **_errors(400, 401, 403, 404, 409, 429),
+            },
+        }
+    },
     "/v1/turns/{turn_id}/edit": {
         "post": {
             "summary": "Replace the latest turn's message and answer it, on a new branch",

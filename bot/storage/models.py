@@ -260,6 +260,18 @@ class Turn(Base):
     """The sampling parameters its client chose (``bot.turns.sampling.Sampling``); NULL: the
     service's ``[generation]`` settings. Every run of the turn (in any worker, resumed,
     continued, regenerated) builds its engine request from it."""
+    reply_token_ids: Mapped[bytes | None] = mapped_column(LargeBinary)
+    """While it runs with several workers: the token ids of ``reply_text``, saved with it
+    (``bot.turns.partials``); a worker taking the turn over continues from them."""
+    delivery: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True))
+    """Where the reply's platform message is (a channel's own state), saved with the reply,
+    so a worker taking the turn over edits that message on (``bot.turns.resumption``)."""
+    resumes: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
+    """How many times the reply was continued after its worker or engine stream died."""
+    continues_turn_id: Mapped[str | None] = mapped_column(String(32))
+    """A continuation: the turn whose reply, cut at the length limit, this one carries on."""
+    continued_tokens: Mapped[int | None] = mapped_column(Integer)
+    """A continuation: how many of ``reply_token_ids`` it carried over from that reply."""
 
 
 FORK_AT_START = -1

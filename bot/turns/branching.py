@@ -27,6 +27,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from bot.storage.history import path_entries
 from bot.storage.models import FORK_AT_START, Conversation, Message, Turn, TurnStatus
 from bot.storage.text import storable
+from bot.storage.tokens import unpack_token_ids
 
 
 class ForkRefused(Exception):
@@ -103,14 +104,24 @@ async def _fork_points(session: AsyncSession, turn: Turn) -> tuple[int | None, i
 
 
 async def fork_turn(
-    session: AsyncSession, target: Turn, seq: int, *, edit: Edit | None = None
+    session: AsyncSession,
+    target: Turn,
+    seq: int,
+    *,
+    edit: Edit | None = None,
+    continues: bool = False,
 ) -> Turn:
-    """The queued turn that regenerates (``edit`` None) or edits ``target`` (caller adds it).
+    """The queued turn that regenerates (``edit`` None) or edits ``target`` (caller adds it);
+    ``continues``: that carries on ``target``'s reply, cut at the length limit.
+
+    A continuation is a new attempt at the same message, like a regeneration, whose reply
+    starts with the cut one's, id for id (``bot.turns.resumption``): the cut reply stays a
+    version beside it.
 
     Call it after taking the conversation's next turn number (``allocate_turn_seq``
     locks the conversation row), so two forks of one turn cannot both pass the checks.
     """
-    action = "edited" if edit is not None else "regenerated"
+    action = "edited" if edit is not None else "continued" if continues else "regenerated"
     conversation = await session.get(Conversation, target.conversation_id)
     if conversation is None or conversation.closed_at is not None:
         raise ForkRefused(f"the conversation was closed: only an open one can be {action}")
@@ -122,6 +133,11 @@ async def fork_turn(
         raise ForkRefused(f"only the conversation's latest turn can be {action}")
     if target.status not in TurnStatus.FINAL:
         raise ForkRefused(f"the turn is still being answered: it can be {action} once it ends")
+    cut = None
+    if continues:
+        cut = await _entry(session, target.conversation_id, turn_id=target.id, role="assistant")
+        if target.finish_reason != "length" or cut is None:
+            raise ForkRefused("only a reply cut at the length limit can be continued")
     user_seq, before_seq = await _fork_points(session, target)
     fork = Turn(
         conversation_id=target.conversation_id,
@@ -136,6 +152,11 @@ async def fork_turn(
         # is sampled (``bot.turns.sampling.resolve``), the runner sees it by its link.
         sampling=target.sampling,
     )
+    if cut is not None:
+        fork.continues_turn_id = target.id
+        fork.reply_text = cut.text
+        fork.reply_token_ids = cut.token_ids
+        fork.continued_tokens = len(unpack_token_ids(cut.token_ids))
     if edit is None:
         fork.user_text = target.user_text
         fork.regenerates_turn_id = target.regenerates_turn_id or target.id

@@ -14,13 +14,17 @@ that finishes the head claims the next one (the conversation stays on that
 worker, and so on its engine replica's warm cache).
 
 A worker that died (SIGKILL, lost host) stops renewing: once its lease runs
-out the next worker to look at the conversation fails the interrupted turn
-with an apology (its partial reply may already be on the user's screen, so it
-is not generated again) and goes on with the queue. Queued turns a dead
-worker had claimed but not started are simply claimed again.
+out the next worker to look at the conversation takes the interrupted turn
+over and continues its reply from the token ids saved with it
+(``bot.turns.partials``, docs/replies.md): the user's message is edited on,
+the turn ends ``done``. A turn is failed with an apology instead only when it
+cannot be continued: taken over ``MAX_TAKEOVERS`` times already, older than
+``TAKEOVER_WINDOW_S``, asked to stop, or saved without its token ids. Queued
+turns a dead worker had claimed but not started are simply claimed again.
 
 SQLite is single-process (``single_process_guard``): there, every lease left
-by an earlier run is dead at start-up, so interrupted turns fail at once.
+by an earlier run is dead at start-up, and nothing of a reply is saved while
+it streams, so interrupted turns fail at once.
 
 The two protocols are two classes behind one interface: ``LocalClaims``
 (SQLite: this process is the only worker, no lease is written) and
@@ -54,6 +58,7 @@ from bot.storage.models import Turn, TurnStatus, as_utc, new_id, one_of, utcnow
 from bot.turns.cancellation import stop_requested
 from bot.turns.ending import TurnEnd, TurnEndings, apply_to_row
 from bot.turns.replies import ReplySink, TurnAddress
+from bot.turns.resumption import MAX_TAKEOVERS, TAKEOVER_WINDOW_S
 from bot.turns.settings import WorkerSettings
 from bot.turns.wakeups import WakeupListener
 
@@ -214,6 +219,7 @@ class TurnClaims(abc.ABC):
             text=turn.reply_text or "",
             timings_ms=dict(turn.layer_ms or {}),
             log_fields={"taken_over_by": self.worker_id},
+            resumes=turn.resumes or 0,
         )
 
     async def _apologise(self, turn: Turn) -> None:
@@ -460,6 +466,17 @@ class LocalClaims(TurnClaims):
             )
 
 
+def _can_take_over(turn: Turn, now: dt.datetime) -> bool:
+    """A running turn whose worker died is continued here rather than failed."""
+    return (
+        turn.resumes < MAX_TAKEOVERS
+        and as_utc(turn.created_at) > now - dt.timedelta(seconds=TAKEOVER_WINDOW_S)
+        and turn.cancel_requested_at is None
+        # Saved before replies kept their token ids: it cannot be continued token-exact.
+        and (turn.reply_token_ids is not None or not turn.reply_text)
+    )
+
+
 def _head_id(conversation_id: str) -> Any:
     """The conversation's head turn's id (its lowest-numbered open turn), a subquery."""
     return (
@@ -510,8 +527,18 @@ class LeasedClaims(TurnClaims):
                         return ClaimOutcome.BUSY, None  # its renewal may just be late
                     self._mark_interrupted(turn, lease.owner, why=NOT_LIVE)
                     return ClaimOutcome.INTERRUPTED, turn
-                self._mark_interrupted(turn, lease.owner)
-                return ClaimOutcome.INTERRUPTED, turn
+                if not _can_take_over(turn, now):
+                    self._mark_interrupted(turn, lease.owner)
+                    return ClaimOutcome.INTERRUPTED, turn
+                # Its worker died: this one continues the reply (``TurnRunner.run``).
+                log.info(
+                    "turn_taken_over",
+                    turn_id=turn.id,
+                    conversation_id=turn.conversation_id,
+                    previous_worker=lease.owner,
+                    resumes=(turn.resumes or 0) + 1,
+                )
+                turn.resumes = (turn.resumes or 0) + 1
             turn.lease_owner = self.worker_id
             turn.lease_expires_at = now + self.lease
             return ClaimOutcome.CLAIMED, turn

@@ -90,6 +90,8 @@ class TurnEnd:
     coalesced_into: str | None = None
     log_fields: dict[str, Any] = dataclasses.field(default_factory=dict)
     """Facts for the log line only (who took a turn over, why the watchdog fired)."""
+    resumes: int = 0
+    """Times its reply was continued from its saved ids (``bot.turns.resumption``)."""
 
     @classmethod
     def failed(cls, error_class: ErrorClass, message: str, **fields: Any) -> TurnEnd:
@@ -187,6 +189,10 @@ def final_columns(end: TurnEnd, *, now: dt.datetime | None = None) -> dict[str, 
         "coalesced_into": end.coalesced_into,
         "error_class": end.error_class.value if end.error_class else None,
         "error_message": storable(end.error_message) if end.error_message else None,
+        "resumes": end.resumes,
+        # A done reply's ids are in its history entry: the running turn's copy goes.
+        "reply_token_ids": None,
+        "delivery": None,
     }
 
 
@@ -385,6 +391,7 @@ class TurnEndings:
         else:
             fields["finish_reason"] = end.finish_reason
         fields.update(end.usage)
+        fields["resumed"] = end.resumes
         timings = dict(end.timings_ms)
         ttft, e2e = timings.pop("ttft", None), timings.pop("e2e", None)
         fields.update(layer_ms=timings, ttft_ms=ttft, e2e_ms=e2e)

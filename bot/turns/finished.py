@@ -33,3 +33,16 @@ class FinishedTurn:
 
 InFinalWrite = Callable[[AsyncSession, FinishedTurn], Awaitable[None]]
 """A step of a turn's final transaction, run once its final status is written."""
+
+
+def in_final_write(*steps: InFinalWrite | None) -> InFinalWrite | None:
+    """Steps run in the turn's final transaction, in order (``TurnEndings.finish``)."""
+    present = [step for step in steps if step is not None]
+    if not present:
+        return None
+
+    async def run(session: AsyncSession, turn: FinishedTurn) -> None:
+        for step in present:
+            await step(session, turn)
+
+    return run

@@ -57,7 +57,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from bot.storage import in_place
 from bot.storage.models import Conversation, LimitOverride, UsageCounter, one_of, utcnow
 from bot.storage.new_turns import Admission
-from bot.turns.finished import FinishedTurn
+from bot.turns.finished import FinishedTurn, InFinalWrite
 from bot.turns.settings import LimitSettings
 
 MESSAGES_PER_MINUTE = "messages_per_minute"
@@ -515,3 +515,17 @@ async def list_overrides(session: AsyncSession) -> list[LimitOverride]:
     return list(
         (await session.scalars(select(LimitOverride).order_by(LimitOverride.subject))).all()
     )
+
+
+def charge_summary(fair_use: FairUse | None, tokens: int) -> InFinalWrite | None:
+    """A compaction's summary charged to the turn's fair-use subjects, with the turn's end."""
+    if fair_use is None or tokens <= 0:
+        return None
+
+    async def charge(session: AsyncSession, turn: FinishedTurn) -> None:
+        subjects = subjects_for(
+            api_key_id=turn.api_key_id, channel=turn.channel, user_id=turn.user_id
+        )
+        await fair_use.charge(session, subjects, tokens)
+
+    return charge

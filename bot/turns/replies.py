@@ -20,6 +20,9 @@ class TurnAddress:
     conversation_id: str
     channel: str
     reply_to: dict[str, Any]
+    delivery: dict[str, Any] | None = None
+    """A turn taken over from a dead worker: where its reply's platform message is, as the
+    dead worker's sink told it (``ResumableSink``). Its sink edits that message on."""
 
 
 class ReplySink(Protocol):
@@ -49,6 +52,23 @@ class UsageAwareSink(Protocol):
     """
 
     def set_usage(self, usage: dict[str, int | None]) -> None: ...
+
+
+@runtime_checkable
+class ResumableSink(Protocol):
+    """A sink whose platform message another worker can go on editing if this one dies.
+
+    ``delivery_state`` is saved with the reply so far (``bot.turns.partials``), and a
+    worker that takes the turn over opens its sink with it (``TurnAddress.delivery``):
+    that sink then edits the same message, sends nothing twice. JSON, small.
+    """
+
+    def delivery_state(self) -> dict[str, Any] | None: ...
+
+
+def delivery_of(sink: ReplySink) -> dict[str, Any] | None:
+    """Where ``sink``'s platform message is now, if another worker could continue it."""
+    return sink.delivery_state() if isinstance(sink, ResumableSink) else None
 
 
 class Channel(Protocol):

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import structlog
-from sqlalchemy import String, bindparam, update
+from sqlalchemy import String, bindparam, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from bot.engine.base import GenerationChunk, GenerationRequest, InferenceEngine
@@ -29,11 +29,19 @@ from bot.turns.cancellation import Cancellations
 from bot.turns.chat_format import ChatFormat, UserTurn
 from bot.turns.coalescing import claim_pending, coalesced_end, combined_content
 from bot.turns.ending import TurnEnd, TurnEndings, timings_of, usage
-from bot.turns.finished import FinishedTurn, InFinalWrite
-from bot.turns.limits import FairUse, subjects_for
+from bot.turns.finished import InFinalWrite, in_final_write
+from bot.turns.limits import charge_summary
+from bot.turns.partials import ReplySnapshot
 from bot.turns.personas import PersonaChoice, Personas
 from bot.turns.policy import TurnPolicy
-from bot.turns.replies import ReplySink, TurnAddress, UsageAwareSink
+from bot.turns.replies import ReplySink, TurnAddress, UsageAwareSink, delivery_of
+from bot.turns.resumption import (
+    ContinuedText,
+    carried_ids,
+    ended_before,
+    engine_backoff,
+    resumable,
+)
 from bot.turns.sampling import Sampling, ids_before_stop
 from bot.turns.sampling import resolve as resolve_sampling
 from bot.turns.settings import GenerationSettings
@@ -77,6 +85,15 @@ class _Progress:
     compaction_entries: list[Message] = field(default_factory=list)
     history_entries: list[Message] = field(default_factory=list)
     """User and assistant entries, stored with the final status of a done turn."""
+    carried: int = 0
+    """Leading ids of ``generated`` another turn generated (a continuation of a cut reply)."""
+    resumed: int = 0
+    """Times the reply was continued from its saved ids (a worker taking it over, broken
+    engine streams)."""
+    delivered: str = ""
+    """The text readers and the platform were given: always a prefix of ``text``."""
+    saved: str = ""
+    """The text the turn's row holds (several workers): all that may be delivered."""
 
 
 class TurnRunner:
@@ -172,11 +189,26 @@ class TurnRunner:
             turn_id=turn.id, conversation_id=turn.conversation_id
         )
         self._streams.open(turn.id)
-        progress = _Progress(covered=covered)
+        # Taken over from a dead worker (``claims``): counted with the continued streams.
+        # (A turn begun at its accept is the object stored there: no column default read back.)
+        progress = _Progress(covered=covered, resumed=turn.resumes or 0)
+        carried = carried_ids(turn)
+        if carried:
+            # Taken over from a dead worker, or a continuation: the reply so far is out.
+            progress.generated = carried
+            progress.text = progress.saved = progress.delivered = turn.reply_text or ""
+            progress.carried = turn.continued_tokens or 0
+            await self._streams.append(turn.id, progress.text)
         sink: ReplySink | None = None
         try:
             sink = self._open_reply(
-                TurnAddress(turn.id, turn.conversation_id, turn.channel, dict(turn.reply_to))
+                TurnAddress(
+                    turn.id,
+                    turn.conversation_id,
+                    turn.channel,
+                    dict(turn.reply_to),
+                    delivery=turn.delivery if carried else None,
+                )
             )
             # Generation runs as its own task: a stop request cancels it and nothing else,
             # so the final write below is never cut off (``bot.turns.cancellation``).
@@ -210,10 +242,10 @@ class TurnRunner:
                 end,
                 sink=sink,
                 history=progress.history_entries if end.status == TurnStatus.DONE else (),
-                charge=_in_final_write(
+                charge=in_final_write(
                     progress.compaction_write,
                     self.policy.fair_use.charge_turn if self.policy.fair_use else None,
-                    _charge_summary(self.policy.fair_use, progress.summary_tokens),
+                    charge_summary(self.policy.fair_use, progress.summary_tokens),
                 ),
                 known=self._known_paths,
             )
@@ -266,6 +298,14 @@ class TurnRunner:
     ) -> None:
         with clock.measure("deliver"):
             await sink.start()
+        if progress.generated and not progress.carried and turn.coalesced_into is None:
+            # Taken over: the messages its first run answered together with its own.
+            async with self._read_sessions() as session:
+                progress.covered = list(
+                    await session.scalars(
+                        select(Turn).where(Turn.coalesced_into == turn.id).order_by(Turn.seq)
+                    )
+                )
         with clock.measure("history"):
             # A turn begun at its accept has its conversation's head from there: with its
             # path known (the conversation's last turn ran here), nothing is read, and no
@@ -301,7 +341,8 @@ class TurnRunner:
         sampling = resolve_sampling(
             Sampling.from_json(turn.sampling),
             persona.generation,
-            regeneration=turn.regenerates_turn_id is not None,
+            # A continuation goes on as its reply began: not a new attempt at it.
+            regeneration=turn.regenerates_turn_id is not None and turn.continues_turn_id is None,
         )
         max_tokens = sampling.max_tokens
         compactor = self.policy.compactor
@@ -333,44 +374,86 @@ class TurnRunner:
                 progress.compaction_write = compacted.write
                 user = self._user_turn(persona, history, content)
                 prompt = history.prompt_ids + user.token_ids
-        progress.prompt_tokens = len(prompt)
-        if len(prompt) + max_tokens > self._engine.max_model_len:
-            raise ContextOverflow(len(prompt), max_tokens, self._engine.max_model_len)
+        progress.prompt_tokens = len(prompt) + len(progress.generated)
+        # What is left of the turn's budget: a turn taken over generated some already; a
+        # continuation gets a budget of its own, as far as the context window allows.
+        max_tokens -= len(progress.generated) - progress.carried
+        room = self._engine.max_model_len - len(prompt) - len(progress.generated)
+        if progress.carried:
+            max_tokens = min(max_tokens, room)
+        if max_tokens > room or (progress.carried and max_tokens <= 0):
+            raise ContextOverflow(progress.prompt_tokens, max_tokens, self._engine.max_model_len)
 
-        request = GenerationRequest(
-            request_id=turn.id,
-            prompt_token_ids=prompt,
-            max_tokens=max_tokens,
-            temperature=sampling.temperature,
-            top_p=sampling.top_p,
-            seed=sampling.seed,
-            stop=sampling.stop,
-            presence_penalty=sampling.presence_penalty,
-            frequency_penalty=sampling.frequency_penalty,
-            cache_salt=cache_salt,
-            session_key=turn.conversation_id,
-        )
-        final: GenerationChunk | None = None
-        async with self._saving_partials(turn.id, progress):
-            async for chunk in self._engine.generate(request):
-                progress.generated.extend(chunk.token_ids)
-                if chunk.token_ids and progress.first_token_at is None:
-                    progress.first_token_at = time.time()
-                if chunk.text:
-                    # Storable from the start, so every reader and the row see the same text.
-                    text = storable(chunk.text)
-                    progress.text += text
-                    with clock.measure("deliver"):
-                        await self._streams.append(turn.id, text)
-                        await sink.delta(progress.text)
-                if chunk.cached_tokens is not None:
-                    progress.cached_tokens = chunk.cached_tokens
-                if chunk.finished:
-                    final = chunk
-        if final is None:
-            raise BotError(
-                ErrorClass.UPSTREAM_PROTOCOL, "the engine stream ended without a final chunk"
+        def request(attempt: int) -> GenerationRequest:
+            return GenerationRequest(
+                # A continued stream is a new request: the broken one may still be aborting.
+                request_id=turn.id if attempt == 0 else f"{turn.id}-{attempt}",
+                prompt_token_ids=prompt + progress.generated,
+                max_tokens=max_tokens - (len(progress.generated) - generated_before),
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                seed=sampling.seed,
+                stop=sampling.stop,
+                presence_penalty=sampling.presence_penalty,
+                frequency_penalty=sampling.frequency_penalty,
+                cache_salt=cache_salt,
+                session_key=turn.conversation_id,
             )
+
+        generated_before = len(progress.generated)
+        tokenizer = persona.chat_format.tokenizer
+        final: GenerationChunk | None = None
+        ended = ended_before(progress.generated, max_tokens, tokenizer.eos_token_id)
+        if ended is not None:
+            # Its worker died after the last token, before its final write.
+            final = GenerationChunk((), "", finished=True, finish_reason=ended)
+        engine_resumes = 0
+        async with self._saving_partials(turn, progress, sink):
+            while final is None:
+                continued = (
+                    ContinuedText.after(tokenizer, prompt, progress.generated, progress.text)
+                    if progress.generated
+                    else None
+                )
+                try:
+                    async for chunk in self._engine.generate(request(progress.resumed)):
+                        progress.generated.extend(chunk.token_ids)
+                        if chunk.token_ids and progress.first_token_at is None:
+                            progress.first_token_at = time.time()
+                        if continued is not None:
+                            progress.text = continued.text(progress.generated, final=chunk.finished)
+                        elif chunk.text:
+                            # Storable from the start, so every reader and the row see the same.
+                            progress.text += storable(chunk.text)
+                        if chunk.cached_tokens is not None:
+                            progress.cached_tokens = chunk.cached_tokens
+                        if chunk.finished:
+                            final = chunk
+                        with clock.measure("deliver"):
+                            await self._deliver(turn.id, sink, progress)
+                except BotError as exc:
+                    if final is not None or not resumable(exc, engine_resumes):
+                        raise
+                    # A broken stream (a replica killed, a dropped connection): continue
+                    # from the ids so far, after a pause, a bounded number of times.
+                    log.warning(
+                        "engine_stream_resumed",
+                        error_class=exc.error_class.value,
+                        generated=len(progress.generated),
+                    )
+                    await asyncio.sleep(engine_backoff(engine_resumes))
+                    engine_resumes += 1
+                    progress.resumed += 1
+                    continue
+                if final is None:
+                    raise BotError(
+                        ErrorClass.UPSTREAM_PROTOCOL,
+                        "the engine stream ended without a final chunk",
+                    )
+            if self.policy.partials is not None:
+                # The whole reply is stored before the platform gets its end: a worker that
+                # takes the turn over from here delivers nothing twice.
+                await self.policy.partials.save_now(turn.id)
         progress.finish_reason = final.finish_reason
         if final.timings is not None:
             clock.add("queue", final.timings.queue_ms)
@@ -378,9 +461,15 @@ class TurnRunner:
             clock.add("decode", final.timings.decode_ms)
         if isinstance(sink, UsageAwareSink):
             sink.set_usage(
-                usage(progress.prompt_tokens, progress.cached_tokens, len(progress.generated))
+                usage(
+                    progress.prompt_tokens,
+                    progress.cached_tokens,
+                    len(progress.generated) - progress.carried,
+                )
             )
         with clock.measure("deliver"):
+            await self._streams.append(turn.id, progress.text[len(progress.delivered) :])
+            progress.delivered = progress.text
             await sink.finish(progress.text)
 
         # The reply is out: both entries join the token-exact history in the same
@@ -420,20 +509,49 @@ class TurnRunner:
         progress.history_entries = entries
 
     def _saving_partials(
-        self, turn_id: str, progress: _Progress
+        self, turn: Turn, progress: _Progress, sink: ReplySink
     ) -> contextlib.AbstractAsyncContextManager[None]:
-        """Several workers: the reply so far goes to the turn row for readers elsewhere.
+        """Several workers: the reply so far goes to the turn row, for readers elsewhere and
+        for a worker that takes the turn over if this one dies.
 
         A save refused because the turn is no longer this worker's (its lease ran out
-        and another worker failed it) stops the generation: the reply must not go on
-        while the conversation's next turn may already run elsewhere.
+        and another worker took it over) stops the generation: the reply must not go on
+        in two places.
         """
         partials = self.policy.partials
         if partials is None:
             return contextlib.nullcontext()
+        turn_id = turn.id
+
+        def snapshot() -> ReplySnapshot:
+            return ReplySnapshot(progress.text, tuple(progress.generated), delivery_of(sink))
+
+        def saved(reply: ReplySnapshot) -> None:
+            progress.saved = reply.text
+
         return partials.saving(
-            turn_id, lambda: progress.text, on_lost=lambda: self.cancellations.request(turn_id)
+            turn_id,
+            snapshot,
+            on_lost=lambda: self.cancellations.request(turn_id),
+            on_saved=saved,
+            saved=ReplySnapshot(progress.saved, tuple(progress.generated), turn.delivery),
         )
+
+    async def _deliver(self, turn_id: str, sink: ReplySink, progress: _Progress) -> None:
+        """Give readers and the platform the reply so far: with several workers only what the
+        row holds, so that a worker taking the turn over continues exactly from what the
+        user has seen (docs/replies.md). The first text is saved at once."""
+        partials = self.policy.partials
+        shown = progress.text
+        if partials is not None:
+            if progress.text and not progress.saved:
+                await partials.save_now(turn_id)
+            shown = progress.saved
+        if len(shown) <= len(progress.delivered):
+            return
+        await self._streams.append(turn_id, shown[len(progress.delivered) :])
+        progress.delivered = shown
+        await sink.delta(shown)
 
     def _user_turn(self, persona: PersonaChoice, history: History, content: str) -> UserTurn:
         chat_format = persona.chat_format
@@ -452,7 +570,8 @@ class TurnRunner:
         end.text = progress.text
         end.prompt_tokens = progress.prompt_tokens
         end.cached_tokens = progress.cached_tokens
-        end.completion_tokens = len(progress.generated)
+        end.completion_tokens = len(progress.generated) - progress.carried
+        end.resumes = progress.resumed
         end.finish_reason = progress.finish_reason
         # A compaction written with the turn's end exists only if the turn is done.
         deferred_and_lost = progress.compaction_write is not None and end.status != TurnStatus.DONE
@@ -464,30 +583,3 @@ class TurnRunner:
             round(ttft, 3) if ttft is not None else None,
             round((time.time() - received_at) * 1000, 3),
         )
-
-
-def _charge_summary(fair_use: FairUse | None, tokens: int) -> InFinalWrite | None:
-    """A compaction's summary charged to the turn's fair-use subjects, with the turn's end."""
-    if fair_use is None or tokens <= 0:
-        return None
-
-    async def charge(session: AsyncSession, turn: FinishedTurn) -> None:
-        subjects = subjects_for(
-            api_key_id=turn.api_key_id, channel=turn.channel, user_id=turn.user_id
-        )
-        await fair_use.charge(session, subjects, tokens)
-
-    return charge
-
-
-def _in_final_write(*steps: InFinalWrite | None) -> InFinalWrite | None:
-    """Steps run in the turn's final transaction, in order (``TurnEndings.finish``)."""
-    present = [step for step in steps if step is not None]
-    if not present:
-        return None
-
-    async def run(session: AsyncSession, turn: FinishedTurn) -> None:
-        for step in present:
-            await step(session, turn)
-
-    return run

@@ -79,6 +79,8 @@ class Accepted:
     """Set when the turn the message continues (``carried.previous``) has moved on: why."""
     continuation: str | None = None
     """How a carried history was placed (``bot.turns.carried.Continuation``)."""
+    continued_chars: int = 0
+    """A continuation of a cut reply: the characters of it its reply starts with."""
 
 
 @dataclass(frozen=True)
@@ -502,6 +504,11 @@ class TurnService:
         """
         return await self._fork(turn_id, owner=owner, edit=None, event=None)
 
+    async def continue_reply(self, turn_id: str, *, owner: str | None = None) -> Accepted:
+        """Carry on ``turn_id``'s reply, cut at the length limit, as a new attempt whose reply
+        starts with it id for id (``bot.turns.resumption``). Raises like ``regenerate``."""
+        return await self._fork(turn_id, owner=owner, edit=None, event=None, continues=True)
+
     async def edit(self, turn_id: str, edit: Edit, *, owner: str | None = None) -> Accepted:
         """Answer ``edit.text`` in place of ``turn_id``'s message, on a new branch."""
         return await self._fork(turn_id, owner=owner, edit=edit, event=None)
@@ -577,6 +584,7 @@ class TurnService:
         owner: str | None,
         edit: Edit | None,
         event: InboundMessage | None,
+        continues: bool = False,
     ) -> Accepted:
         started = time.perf_counter()
         try:
@@ -600,7 +608,7 @@ class TurnService:
                         conversation_id=target.conversation_id,
                     )
                     await self.fair_use.admit(await session.connection(), subjects)
-                turn = await fork_turn(session, target, seq, edit=edit)
+                turn = await fork_turn(session, target, seq, edit=edit, continues=continues)
                 session.add(turn)
                 await session.flush()
                 if event is not None:
@@ -625,7 +633,12 @@ class TurnService:
         if self.claims.exclusive:
             self.streams.open(turn.id)
         self.schedule(turn.conversation_id)
-        return Accepted(turn.id, turn.conversation_id, duplicate=False)
+        return Accepted(
+            turn.id,
+            turn.conversation_id,
+            duplicate=False,
+            continued_chars=len(turn.reply_text or "") if continues else 0,
+        )
 
     async def activate(self, turn_id: str, *, owner: str) -> int | None:
         """Make the branch through ``turn_id``'s reply active (``bot.turns.branching.activate``).
@@ -864,7 +877,10 @@ class TurnService:
             runner.run(
                 turn.id,
                 persist_ms=self._persist_ms.pop(turn.id, None),
-                begun=begun.turn if begun else None,
+                # A turn taken over from a dead worker is running already (``claims``).
+                begun=begun.turn
+                if begun
+                else (turn if turn.status == TurnStatus.RUNNING else None),
                 head=begun.head if begun else None,
             )
         )

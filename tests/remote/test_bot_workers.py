@@ -1,9 +1,12 @@
 """Two real ``botctl serve`` workers on one fresh PostgreSQL, in front of the two vLLM servers.
 
 Concurrent posts to the same and to different conversations, alternating
-between the workers; one worker is SIGKILLed while it generates. Every
-accepted message must end with exactly one final reply, turns of a
-conversation in order, none generated twice.
+between the workers, and Telegram group messages; one worker is SIGKILLed
+while it generates. Every accepted message must end ``done`` with exactly one
+final reply, turns of a conversation in order, none generated twice: the turns
+the dead worker was generating are continued by the other (docs/replies.md),
+their SSE readers reconnect there and get the rest, their Telegram messages
+go on being edited.
 """
 
 from __future__ import annotations
@@ -29,12 +32,17 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from bot.storage.db import create_engine, create_sessionmaker
 from bot.storage.models import Message, Turn, TurnStatus, as_utc, utcnow
+from bot.testing.telegram_api import FakeTelegram
 from bot.testing.vllm_servers import API_KEY, SERVED_MODEL_NAME, VLLMServer, free_port
 from tests.conftest import issue_key, migrate
 from tests.helpers import auth, load_turns
 
 pytestmark = pytest.mark.postgres
 LEASE_S = 3.0
+TELEGRAM_TOKEN = "7000000001:AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw"
+TELEGRAM_SECRET = "workers-Secret_header"
+TELEGRAM_USERNAME = "TestChatBot"
+FIXTURES = Path(__file__).parent.parent / "telegram" / "fixtures"
 
 
 @dataclass
@@ -60,9 +68,26 @@ class Worker:
 
 
 def worker_env(
-    db_url: str, name: str, port: int, servers: list[VLLMServer], model: Path
+    db_url: str,
+    name: str,
+    port: int,
+    servers: list[VLLMServer],
+    model: Path,
+    telegram_url: str | None = None,
 ) -> dict[str, str]:
+    telegram = []
+    if telegram_url is not None:
+        telegram = [
+            {
+                "name": "tg",
+                "token": TELEGRAM_TOKEN,
+                "secret_token": TELEGRAM_SECRET,
+                "api_base_url": telegram_url,
+                "username": TELEGRAM_USERNAME,
+            }
+        ]
     return {
+        "BOT_TELEGRAM": json.dumps(telegram),
         **os.environ,
         "BOT_DATABASE__URL": db_url,
         "BOT_SERVER__PORT": str(port),
@@ -142,9 +167,79 @@ async def test_two_workers_answer_every_message_exactly_once_even_when_one_is_ki
     stop_workers: list[Worker],
 ) -> None:
     key = await issue_key(pg_url)
+    async with FakeTelegram() as telegram:
+        telegram.add_bot(TELEGRAM_TOKEN, TELEGRAM_USERNAME)
+        await killed_mid_run(
+            pg_url, key, vllm_servers, demo_model_dir, tmp_path, stop_workers, telegram
+        )
+
+
+def group_mention(update_id: int, chat_id: int, text: str) -> dict[str, Any]:
+    update: dict[str, Any] = json.loads((FIXTURES / "group_mention.json").read_text())
+    update["update_id"] = update_id
+    message = update["message"]
+    message.update(message_id=update_id % 100_000, date=int(time.time()))
+    message["chat"]["id"] = chat_id
+    message["text"] = f"@{TELEGRAM_USERNAME} {text}"
+    message["entities"] = [{"offset": 0, "length": len(TELEGRAM_USERNAME) + 1, "type": "mention"}]
+    return update
+
+
+async def follow(
+    http: aiohttp.ClientSession, workers: list[Worker], key: str, turn_id: str
+) -> tuple[str, str, int]:
+    """Read a turn's events from the first worker, and on from the second with
+    ``Last-Event-ID`` when the first goes away: (the deltas' text, the final event's text,
+    how many connections it took)."""
+    text, last_id = "", "0"
+    for connections, worker in enumerate(itertools.cycle(workers), start=1):
+        headers = {**auth(key), "Last-Event-ID": last_id}
+        kind, data, event_id = "", "", last_id
+        try:
+            async with http.get(
+                f"{worker.url}/v1/turns/{turn_id}/events",
+                headers=headers,
+                timeout=aiohttp.ClientTimeout(total=180),
+            ) as response:
+                assert response.status == 200, await response.text()
+                async for raw in response.content:
+                    line = raw.decode().rstrip("\n")
+                    if line.startswith("id: "):
+                        event_id = line[4:]
+                    elif line.startswith("event: "):
+                        kind = line[7:]
+                    elif line.startswith("data: "):
+                        data = line[6:]
+                    elif not line and kind:
+                        payload = json.loads(data)
+                        if kind == "delta":
+                            text += payload["text"]
+                            last_id = event_id
+                        else:
+                            assert kind == "done", (kind, payload)
+                            return text, payload["text"], connections
+                        kind = ""
+        except (aiohttp.ClientError, ConnectionError):
+            pass
+        await asyncio.sleep(0.2)
+        assert connections < 20, f"{turn_id}: no end after {connections} connections"
+    raise AssertionError("unreachable")
+
+
+async def killed_mid_run(
+    pg_url: str,
+    key: str,
+    vllm_servers: list[VLLMServer],
+    demo_model_dir: Path,
+    tmp_path: Path,
+    stop_workers: list[Worker],
+    telegram: FakeTelegram,
+) -> None:
     workers = [
         start_worker(
-            name, worker_env(pg_url, name, free_port(), vllm_servers, demo_model_dir), tmp_path
+            name,
+            worker_env(pg_url, name, free_port(), vllm_servers, demo_model_dir, telegram.base_url),
+            tmp_path,
         )
         for name in ("w1", "w2")
     ]
@@ -168,13 +263,27 @@ async def test_two_workers_answer_every_message_exactly_once_even_when_one_is_ki
             assert response.status == 202, await response.text()
             return str((await response.json())["turn_id"])
 
-    async with aiohttp.ClientSession() as http:
-        accepted = await asyncio.gather(
-            *(post(http, i, conv, turn) for i, (conv, turn) in enumerate(posts))
-        )
-        # A redelivery to the *other* worker is the same turn (dedupe holds across workers).
-        again = await post(http, 1, posts[0][0], posts[0][1])
-        assert again == accepted[0]
+    chats = [-1009000000001 - i for i in range(4)]
+
+    async def mention(http: aiohttp.ClientSession, index: int, chat_id: int) -> None:
+        update = group_mention(700000 + index, chat_id, f"tell me about rivers, {index}")
+        async with http.post(
+            f"{workers[0].url}/telegram/tg",
+            json=update,
+            headers={"X-Telegram-Bot-Api-Secret-Token": TELEGRAM_SECRET},
+        ) as response:
+            assert response.status == 200, await response.text()
+
+    http = aiohttp.ClientSession()
+    accepted = await asyncio.gather(
+        *(post(http, i, conv, turn) for i, (conv, turn) in enumerate(posts))
+    )
+    await asyncio.gather(*(mention(http, i, chat) for i, chat in enumerate(chats)))
+    # A redelivery to the *other* worker is the same turn (dedupe holds across workers).
+    again = await post(http, 1, posts[0][0], posts[0][1])
+    assert again == accepted[0]
+    # Every reply is read as it streams, from w1 first (SSE): its readers reconnect to w2.
+    readers = [asyncio.create_task(follow(http, workers, key, turn_id)) for turn_id in accepted]
 
     # SIGKILL w1 while it is generating a reply. One connection polls the turns: a turn
     # takes some 0.4 s, about what opening a connection per look took on a busy machine.
@@ -225,18 +334,33 @@ async def test_two_workers_answer_every_message_exactly_once_even_when_one_is_ki
         await asyncio.sleep(0.3)
     turns = await load_turns(pg_url)
     by_id = {t.id: t for t in turns}
-    assert sorted(by_id) == sorted(set(accepted)), "one turn per accepted message"
+    api_turns = {t.id: t for t in turns if t.channel == "api"}
+    assert sorted(api_turns) == sorted(set(accepted)), "one turn per accepted message"
+    assert len(turns) == len(api_turns) + len(chats)
     assert all(t.status in TurnStatus.FINAL for t in turns), [(t.id, t.status) for t in turns]
 
-    # The turns w1 was generating failed with an apology; every other turn was answered.
-    assert all(by_id[turn_id].status == TurnStatus.FAILED for turn_id in interrupted)
-    failed = {t.id for t in turns if t.status == TurnStatus.FAILED}
-    assert all(
-        "interrupted: worker w1" in (by_id[turn_id].error_message or "") for turn_id in failed
-    ), [(turn_id, by_id[turn_id].error_message) for turn_id in failed]
-    assert len(failed) <= len(conversations), "at most the head of each conversation"
+    # Nothing failed: the turns w1 was generating were continued by w2.
+    failed = [(t.id, t.error_message) for t in turns if t.status == TurnStatus.FAILED]
+    assert failed == []
+    assert all(by_id[turn_id].resumes == 1 for turn_id in interrupted), [
+        (turn_id, by_id[turn_id].resumes) for turn_id in interrupted
+    ]
 
-    # History: exactly one user + one assistant entry per answered turn, none for the failed one.
+    # Every SSE reader got each reply once and whole, across the reconnect.
+    followed = await asyncio.gather(*readers)
+    await http.close()
+    for turn_id, (streamed, final_text, _) in zip(accepted, followed, strict=True):
+        assert streamed == final_text == by_id[turn_id].reply_text, turn_id
+    assert any(connections > 1 for _, _, connections in followed), "no reader reconnected"
+
+    # Every Telegram chat shows one reply message, edited as it grew, never sent again.
+    for chat_id in chats:
+        sends = [c for c in telegram.calls_of("sendMessage", chat_id) if c.ok]
+        assert len(sends) == 1, (chat_id, [c.params.get("text") for c in sends])
+        (shown,) = telegram.messages(chat_id)
+        assert shown.text.strip(), chat_id
+
+    # History: exactly one user + one assistant entry per answered turn.
     stored = await messages_per_turn(pg_url)
     for turn in turns:
         assert stored.get(turn.id, 0) == (2 if turn.status == TurnStatus.DONE else 0), turn.id
@@ -266,12 +390,12 @@ async def test_two_workers_answer_every_message_exactly_once_even_when_one_is_ki
         and as_utc(t.finished_at) <= stopped_at
         for t in unlogged
     ), [(t.id, t.status, t.finished_at, stopped_at) for t in unlogged]
-    taken_over = [
-        line
+    taken_over = {
+        line["turn_id"]: line["resumed"]
         for line in workers[1].log_lines()
-        if line.get("event") == "turn" and line.get("taken_over_by")
-    ]
-    assert sorted(line["turn_id"] for line in taken_over) == sorted(failed)
+        if line.get("event") == "turn" and line.get("resumed")
+    }
+    assert taken_over == dict.fromkeys(interrupted, 1), (taken_over, interrupted)
 
 
 async def test_a_second_serve_on_the_same_sqlite_file_refuses_to_start(

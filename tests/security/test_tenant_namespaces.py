@@ -57,6 +57,7 @@ async def test_a_key_named_like_a_bot_never_reads_or_regenerates_its_turns(
         ("regenerate", None),
         ("edit", {"text": "Tell me everything"}),
         ("activate", None),
+        ("continue", None),
         ("cancel", None),
     ):
         response = await client.post(f"/v1/turns/{turn.id}/{action}", json=body, headers=headers)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import time
 
 import pytest
@@ -15,6 +16,7 @@ from bot.channels.telegram.settings import TelegramBotSettings
 from bot.errors import DeliveryError, ErrorClass
 from bot.testing.telegram_api import FakeTelegram
 from bot.testing.telegram_html import parse_html
+from bot.turns.replies import delivery_of
 from tests.telegram.conftest import BOT_TOKEN, GROUP_CHAT, PRIVATE_CHAT
 
 REPLY = "The **capital** of France is Paris. It has been the capital for a long time. " * 3
@@ -219,3 +221,55 @@ async def test_delta_returns_at_once_even_when_telegram_is_slow(
     assert time.monotonic() - started < 0.1
     await sink.finish(REPLY)
     assert fake_telegram.texts(GROUP_CHAT) == [rendered_text(REPLY).strip()]
+
+
+def reopen_sink(
+    api: TelegramApi, settings: TelegramBotSettings, chat_id: int, sink: ReplySink
+) -> ReplySink:
+    """The sink a worker taking the turn over opens, from the dead one's saved state."""
+    state = delivery_of(sink)
+    assert state is not None
+    chat_type = "private" if chat_id > 0 else "supergroup"
+    address = TurnAddress(
+        turn_id="t1",
+        conversation_id="c1",
+        channel=settings.channel,
+        reply_to={"chat_id": chat_id, "chat_type": chat_type, "message_id": 31},
+        delivery=json.loads(json.dumps(state)),  # as the row stores it
+    )
+    return TelegramChannel(settings, api).open_reply(address)
+
+
+@pytest.mark.parametrize("chat_id", [GROUP_CHAT, PRIVATE_CHAT])
+async def test_a_reply_taken_over_goes_on_in_the_same_message(
+    api: TelegramApi, settings: TelegramBotSettings, fake_telegram: FakeTelegram, chat_id: int
+) -> None:
+    """A worker died half-way through a reply: the one that takes the turn over edits the
+    message (or draft) the user already sees, and sends the reply once."""
+    half = REPLY[: len(REPLY) // 2]
+    first = open_sink(api, settings, chat_id)
+    await first.start()
+    await first.delta(half)
+    await fake_telegram.wait_until(
+        lambda: any(
+            call.ok and call.method in ("sendMessage", "sendMessageDraft")
+            for call in fake_telegram.calls_of(chat_id=chat_id)
+        )
+    )
+    await asyncio.sleep(0.3)  # its last push is out; then it dies: nothing more from it
+    typing = first._typing  # type: ignore[attr-defined]
+    if typing is not None:
+        typing.cancel()
+
+    second = reopen_sink(api, settings, chat_id, first)
+    await stream(second, REPLY)
+
+    sends = [call for call in fake_telegram.calls_of("sendMessage", chat_id) if call.ok]
+    assert len(sends) == 1, [call.params.get("text") for call in sends]
+    [message] = fake_telegram.messages(chat_id)
+    assert message.text == rendered_text(REPLY).strip()
+    if chat_id == PRIVATE_CHAT:
+        drafts = fake_telegram.calls_of("sendMessageDraft", chat_id)
+        assert len({call.params["draft_id"] for call in drafts}) == 1
+    else:
+        assert message.edits >= 1

@@ -23,7 +23,7 @@ from bot.storage.models import Turn, TurnStatus, utcnow
 from bot.turns import claims as claims_module
 from bot.turns.claims import FRESH_TURN_GRACE, LeasedClaims, database_now
 from bot.turns.ending import TurnEndings
-from bot.turns.partials import PartialReplies
+from bot.turns.partials import PartialReplies, ReplySnapshot
 from bot.turns.streams import TurnStreams
 from tests.conftest import MakeClient, issue_key
 from tests.engines import TrickleEngine
@@ -229,15 +229,18 @@ async def test_the_reply_so_far_is_saved_only_under_the_turns_lease(pg_url: str)
             turn = await add_turn(session, "partial", status=TurnStatus.RUNNING, lease_owner="w1")
         # One statement, outside a transaction (no BEGIN, no COMMIT: two round trips fewer).
         with plain_executes() as plain, recorded_statements(engine.sync_engine) as statements:
-            assert await PartialReplies(sessions, "w1").save(turn.id, "Hel") is True
+            assert await PartialReplies(sessions, "w1").save(turn.id, ReplySnapshot("Hel")) is True
         assert (len(statements), plain) == (1, []), (statements, plain)
         # Another worker (this one's lease ran out and it took over) is not overwritten.
-        assert await PartialReplies(sessions, "w2").save(turn.id, "Hello from w2") is False
+        assert (
+            await PartialReplies(sessions, "w2").save(turn.id, ReplySnapshot("Hello from w2"))
+            is False
+        )
         async with sessions() as session, session.begin():
             await session.execute(
                 update(Turn).where(Turn.id == turn.id).values(status=TurnStatus.FAILED)
             )
-        assert await PartialReplies(sessions, "w1").save(turn.id, "Hello") is False
+        assert await PartialReplies(sessions, "w1").save(turn.id, ReplySnapshot("Hello")) is False
         async with sessions() as session:
             stored = await session.get(Turn, turn.id)
             assert stored is not None and stored.reply_text == "Hel"
@@ -273,7 +276,7 @@ async def test_a_save_in_flight_when_the_turn_ends_is_let_finish_not_cancelled(
         await holding.start()
         await holder.execute("LOCK TABLE turns IN SHARE MODE")
         partials = PartialReplies(sessions, "w1", interval_s=0.05)
-        async with partials.saving(turn.id, lambda: "Hel"):
+        async with partials.saving(turn.id, lambda: ReplySnapshot("Hel")):
             async with asyncio.timeout(10):
                 while not await watcher.fetchval(SAVE_WAITING):  # noqa: ASYNC110 - polled: no event
                     await asyncio.sleep(0.02)
@@ -334,7 +337,7 @@ async def test_a_workers_running_turns_are_saved_together_and_a_held_row_is_not_
                     await generating.enter_async_context(
                         partials.saving(
                             turn_id,
-                            lambda turn_id=turn_id: f"so far {turn_id}",
+                            lambda turn_id=turn_id: ReplySnapshot(f"so far {turn_id}"),
                             on_lost=lambda turn_id=turn_id: lost.append(turn_id),
                         )
                     )
@@ -375,8 +378,12 @@ async def test_a_turn_no_longer_ours_among_the_saved_is_told_once_and_the_rest_s
         lost: list[str] = []
         reply = "Hel"
         async with (
-            partials.saving(ours.id, lambda: reply, on_lost=lambda: lost.append("ours")),
-            partials.saving(taken.id, lambda: reply + "!", on_lost=lambda: lost.append("taken")),
+            partials.saving(
+                ours.id, lambda: ReplySnapshot(reply), on_lost=lambda: lost.append("ours")
+            ),
+            partials.saving(
+                taken.id, lambda: ReplySnapshot(reply + "!"), on_lost=lambda: lost.append("taken")
+            ),
         ):
             await asyncio.sleep(0.3)
             reply = "Hello"
@@ -403,7 +410,7 @@ async def test_a_failed_save_is_tried_again_at_the_next_interval(pg_url: str) ->
             structlog.testing.capture_logs(processors=merged) as logs,
             structlog.contextvars.bound_contextvars(turn_id="t-refused", conversation_id="c"),
         ):
-            async with partials.saving("t-refused", lambda: "Hel"):
+            async with partials.saving("t-refused", lambda: ReplySnapshot("Hel")):
                 await asyncio.sleep(0.5)
         failures = [line for line in logs if line["event"] == "partial_reply_not_saved"]
         assert len(failures) >= 3

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import json
+from dataclasses import replace
 
 import aiohttp
 
@@ -10,6 +12,7 @@ from bot.channels.base import TurnAddress
 from bot.channels.webhook.channel import WebhookChannel
 from bot.channels.webhook.settings import WebhookSettings
 from bot.errors import ErrorClass
+from bot.turns.replies import delivery_of
 from tests.webhook.conftest import Receiver, webhook_settings
 
 ADDRESS = TurnAddress(
@@ -39,3 +42,35 @@ async def test_a_stop_lets_the_callback_in_flight_land_and_numbers_on_after_it(
     ]
     assert receiver.delivered[0]["text"] == "Hello"
     assert {c.status for c in receiver.attempts} == {200}
+
+
+async def test_a_reply_taken_over_sends_the_rest_at_its_offset_numbered_on(
+    receiver: Receiver,
+) -> None:
+    """A worker died after two chunks: the one that takes the turn over sends only what
+    follows them, at the right offset, and numbers its callbacks on."""
+    [settings] = webhook_settings(receiver)
+    async with aiohttp.ClientSession() as http:
+        channel = WebhookChannel(WebhookSettings(**settings), http)
+        first = channel.open_reply(ADDRESS)
+        await first.start()
+        await first.delta("Hello")
+        await asyncio.wait_for(receiver.arrived_one.wait(), 10)
+        await asyncio.sleep(0.3)
+        state = delivery_of(first)
+        assert state is not None
+
+        second = channel.open_reply(replace(ADDRESS, delivery=json.loads(json.dumps(state))))
+        await second.start()
+        await second.delta("Hello, wor")
+        await second.finish("Hello, world!")
+    documents = [c.document for c in receiver.attempts]
+    chunks = [(d["seq"], d["offset"], d["text"]) for d in documents if d["type"] == "chunk"]
+    assert "".join(text for _, _, text in chunks) == "Hello, world!"
+    given = 0
+    for _, offset, text in chunks:
+        assert offset == given, chunks
+        given += len(text)
+    seqs = [d["seq"] for d in documents]
+    assert seqs == list(range(len(seqs)))
+    assert documents[-1]["type"] == "final" and documents[-1]["text"] == "Hello, world!"

@@ -6,7 +6,9 @@ as Server-Sent Events when the client asks for ``text/event-stream``. A turn
 that cannot be forked now (not the conversation's latest, still being
 answered, conversation closed) gets 409 with the reason; nothing is stored.
 ``POST /v1/turns/{id}/activate`` makes the branch through that turn's reply
-the active one.
+the active one. ``POST /v1/turns/{id}/continue`` carries on a reply cut at the
+length limit (docs/replies.md): a new turn whose reply starts with the cut one,
+``continued_chars`` characters of it; its events start after them.
 """
 
 from __future__ import annotations
@@ -27,11 +29,15 @@ def _conflict(reason: str) -> web.Response:
     return json_error(409, "conflict", reason)
 
 
-async def _forked(request: web.Request, edit: Edit | None, owner: str) -> Accepted | web.Response:
+async def _forked(
+    request: web.Request, edit: Edit | None, owner: str, *, continues: bool = False
+) -> Accepted | web.Response:
     turn_id = request.match_info["turn_id"]
     turns = request.app[TURNS]
     try:
-        if edit is None:
+        if continues:
+            accepted = await turns.continue_reply(turn_id, owner=owner)
+        elif edit is None:
             accepted = await turns.regenerate(turn_id, owner=owner)
         else:
             accepted = await turns.edit(turn_id, edit, owner=owner)
@@ -45,13 +51,13 @@ async def _forked(request: web.Request, edit: Edit | None, owner: str) -> Accept
 
 
 async def _answer(
-    request: web.Request, edit: Edit | None, principal: Principal
+    request: web.Request, edit: Edit | None, principal: Principal, *, continues: bool = False
 ) -> web.StreamResponse:
     slot = reserve_stream(request, principal) if wants_event_stream(request) else None
     if isinstance(slot, web.Response):
         return slot
     try:
-        accepted = await _forked(request, edit, principal.owner)
+        accepted = await _forked(request, edit, principal.owner, continues=continues)
     except BaseException:
         if slot is not None:
             slot.release()
@@ -61,20 +67,25 @@ async def _answer(
             slot.release()
         return accepted
     if slot is not None:
-        return await stream_turn(request, accepted.turn_id, 0, slot)
-    return web.json_response(
-        {
-            "turn_id": accepted.turn_id,
-            "stream_url": f"/v1/turns/{accepted.turn_id}/events",
-            "duplicate": False,
-        },
-        status=202,
-    )
+        return await stream_turn(request, accepted.turn_id, accepted.continued_chars, slot)
+    body: dict[str, object] = {
+        "turn_id": accepted.turn_id,
+        "stream_url": f"/v1/turns/{accepted.turn_id}/events",
+        "duplicate": False,
+    }
+    if continues:
+        body["continued_chars"] = accepted.continued_chars
+    return web.json_response(body, status=202)
 
 
 @requires(Scope.CHAT)
 async def regenerate(request: web.Request, principal: Principal) -> web.StreamResponse:
     return await _answer(request, None, principal)
+
+
+@requires(Scope.CHAT)
+async def continue_reply(request: web.Request, principal: Principal) -> web.StreamResponse:
+    return await _answer(request, None, principal, continues=True)
 
 
 @requires(Scope.CHAT)
@@ -102,4 +113,5 @@ async def activate(request: web.Request, principal: Principal) -> web.Response:
 def setup(app: web.Application) -> None:
     app.router.add_post("/v1/turns/{turn_id}/regenerate", regenerate)
     app.router.add_post("/v1/turns/{turn_id}/edit", edit)
+    app.router.add_post("/v1/turns/{turn_id}/continue", continue_reply)
     app.router.add_post("/v1/turns/{turn_id}/activate", activate)

@@ -24,4 +24,5 @@ class TelegramChannel:
             Renderer(self.settings.format, self.settings.max_message_chars),
             typing_refresh_s=self.settings.typing_refresh_s,
             turn_id=address.turn_id,
+            delivery=address.delivery,
         )

@@ -84,6 +84,7 @@ class TelegramReplySink(PacedReplySink):
         *,
         typing_refresh_s: float,
         turn_id: str = "",
+        delivery: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(
             log=log.bind(turn_id=turn_id, chat_id=target.chat_id),
@@ -96,6 +97,18 @@ class TelegramReplySink(PacedReplySink):
         self._typing: asyncio.Task[None] | None = None
         self._fatal = False
         self._retry = api.new_retry()
+        if delivery:
+            self._restore(delivery)
+
+    # -- taken over by another worker (``bot.turns.replies.ResumableSink``) ------------
+
+    @abstractmethod
+    def delivery_state(self) -> dict[str, Any] | None:
+        """What another worker needs to go on with this reply's messages if this one dies."""
+
+    @abstractmethod
+    def _restore(self, state: dict[str, Any]) -> None:
+        """Go on from a dead worker's ``delivery_state``: edit its messages, send none twice."""
 
     # -- subclass hooks ----------------------------------------------------------
 
@@ -211,6 +224,14 @@ class PrivateReplySink(TelegramReplySink):
     _draft_id = 0
     _last_draft: Rendered | None = None
 
+    def delivery_state(self) -> dict[str, Any] | None:
+        return {"sent": self._sent, "draft_id": self._draft_id}
+
+    def _restore(self, state: dict[str, Any]) -> None:
+        self._sent = int(state.get("sent", 0))
+        # The same draft goes on growing; a new one would show beside it.
+        self._draft_id = int(state.get("draft_id", 0))
+
     async def _send_message(self, chunks: list[str], index: int, *, final: bool) -> None:
         params: dict[str, Any] = self._target.base_params()
         await self._send_rendered("sendMessage", params, chunks, index, final=final)
@@ -244,8 +265,18 @@ class GroupReplySink(TelegramReplySink):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._messages: dict[int, tuple[int, Rendered]] = {}
-        """chunk index -> (message_id, what that message shows now)."""
+        self._messages: dict[int, tuple[int, Rendered | None]] = getattr(self, "_messages", {})
+        """chunk index -> (message_id, what that message shows now; None: not known here)."""
+
+    def delivery_state(self) -> dict[str, Any] | None:
+        return {"messages": {str(index): sent[0] for index, sent in self._messages.items()}}
+
+    def _restore(self, state: dict[str, Any]) -> None:
+        # Called from the base constructor, before this class's attributes are set.
+        messages = state.get("messages", {})
+        self._messages = {
+            int(index): (int(message_id), None) for index, message_id in messages.items()
+        }
 
     async def _sync(self, text: str, *, final: bool) -> bool:
         chunks = self._renderer.split(text)

@@ -58,6 +58,14 @@ class WebhookReplySink(PacedReplySink):
         self._next_chunk_at = 0.0
         self._usage: dict[str, int | None] = {}
         self._retry = callbacks.new_retry()
+        if address.delivery:
+            # Taken over from a dead worker: the receiver has the chunks up to here.
+            self._sent = int(address.delivery.get("sent", 0))
+            self._seq = int(address.delivery.get("seq", 0))
+
+    def delivery_state(self) -> dict[str, Any] | None:
+        """The offset and ``seq`` the next chunk gets (``bot.turns.replies.ResumableSink``)."""
+        return {"sent": self._sent, "seq": self._seq}
 
     def set_usage(self, usage: dict[str, int | None]) -> None:
         self._usage = dict(usage)
