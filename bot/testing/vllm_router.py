@@ -85,6 +85,12 @@ def start_router(
         str(port),
         "--policy",
         policy,
+        # Its Prometheus exporter listens on a port of its own (29000 by default): one
+        # free port each, so that several routers run side by side.
+        "--prometheus-host",
+        "127.0.0.1",
+        "--prometheus-port",
+        str(free_port()),
         *extra_args,
         "--worker-urls",
         *worker_urls,
