@@ -67,7 +67,10 @@ def configure_logging(level: str = "INFO", fmt: str = "auto", stream: TextIO | N
         processors=[*shared, structlog.stdlib.ProcessorFormatter.wrap_for_formatter],
         logger_factory=structlog.stdlib.LoggerFactory(),
         wrapper_class=structlog.stdlib.BoundLogger,
-        cache_logger_on_first_use=True,
+        # Not cached: a logger cached at its first use keeps the processors of that moment,
+        # so a later configuration (a second command in one process, a test's log
+        # capture) would never reach it. Assembling one costs microseconds a line.
+        cache_logger_on_first_use=False,
     )
     formatter = structlog.stdlib.ProcessorFormatter(
         foreign_pre_chain=shared,

@@ -231,7 +231,7 @@ async def test_interactive_mode_streams_and_ctrl_c_cancels_the_turn(
         terminal.close()
 
     turns = await _turns(client, key, "tty1")
-    assert [t["status"] for t in turns] == ["done", "failed"]
+    assert [t["status"] for t in turns] == ["done", "stopped"]
     assert turns[1]["error_class"] == "cancelled"
     assert turns[0]["reply"] and turns[0]["reply"].replace("\n", "\r\n") in terminal.output
     assert turns[1]["usage"]["completion_tokens"] < 200  # stopped well before the end

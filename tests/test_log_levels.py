@@ -88,3 +88,32 @@ def test_engine_start_at_info_logs_no_vllm_info_lines(demo_model_dir: Path) -> N
     ]
     assert [line["event"] for line in lines if line["logger"].startswith("vllm.")
             and line["level"] == "info"] == []  # fmt: skip
+
+
+RECONFIGURED = """
+import structlog
+from bot.log import configure_logging
+
+log = structlog.get_logger("bot.somewhere")
+configure_logging("INFO", "json")
+log.info("first")
+configure_logging("INFO", "json")  # a second command in the same process
+with structlog.testing.capture_logs() as captured:
+    log.info("second")
+print("captured", [entry["event"] for entry in captured])
+"""
+
+
+def test_a_configuration_made_later_reaches_loggers_already_used() -> None:
+    # A command run in-process (botctl doctor) configures logging for the process; a
+    # later reconfiguration (a test's log capture, a serve after a doctor) must still
+    # reach every module's logger, or log lines go nowhere anyone looks.
+    done = subprocess.run(
+        [sys.executable, "-c", RECONFIGURED],
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert "captured ['second']" in done.stdout

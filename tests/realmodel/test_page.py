@@ -21,7 +21,8 @@ async def test_a_code_answer_is_rendered_as_a_code_block(
     await page.get_by_label("Message").fill("Write a Python function that adds two numbers.")
     await page.get_by_label("Message").press("Enter")
     turn = page.locator(".turn").nth(0)
-    await expect(turn.locator(".timing-bar")).to_be_visible(timeout=60_000)
+    # The one-line timing summary comes when the reply has ended.
+    await expect(turn.locator(".timing-summary")).to_be_visible(timeout=60_000)
     code = turn.locator(".reply pre code")
     await expect(code).to_contain_text("def ")
     assert "```" not in await turn.locator(".reply").inner_text()

@@ -429,29 +429,37 @@ async def test_a_message_over_its_days_tokens_is_refused_and_its_one_statement_l
         await engine.dispose()
 
 
-async def test_a_message_that_counts_against_no_one_is_stored_by_the_one_statement(
+async def test_a_message_with_no_key_and_no_user_counts_against_its_conversation(
     pg_url: str,
 ) -> None:
     """A message with no key and no user (a webhook that names no sender) counts against
-    no one: its one statement stores it whatever the limits, and counts nothing."""
+    its conversation: the one statement stores and counts it, and the conversation's
+    message over its minute is refused and stores nothing."""
     engine = create_engine(pg_url)
     service = TurnService(create_sessionmaker(engine), TurnStreams())
     service.schedule = lambda conversation_id: None  # type: ignore[method-assign]  # no engine
     service.fair_use = FairUse(
-        LimitSettings(messages_per_minute=1, tokens_per_day=1), clock=lambda: FAIR_USE_NOW
+        LimitSettings(messages_per_minute=2, tokens_per_day=1_000_000),
+        clock=lambda: FAIR_USE_NOW,
     )
-    anonymous = [dataclasses.replace(message(f"m{i}"), user_id=None) for i in range(4)]
-    assert _limit_subjects(anonymous[0]) == []
+    anonymous = [dataclasses.replace(message(f"m{i}"), user_id=None) for i in range(3)]
+    assert _limit_subjects(anonymous[0]) == ["conversation:api:c"]
     try:
-        for i, each in enumerate(anonymous):
+        for i, each in enumerate(anonymous[:2]):
             with plain_executes() as plain, recorded_statements(engine.sync_engine) as statements:
                 accepted = await service.accept(each)
             assert accepted.rate_limited is None and not accepted.duplicate
             if i:  # the first creates the conversation, in a transaction
                 assert (len(statements), plain) == (1, []), (statements, plain)
-        assert [t.seq for t in await load_turns(pg_url)] == [0, 1, 2, 3]
+        refused = await service.accept(anonymous[2])
+        assert refused.rate_limited is not None
+        assert [t.seq for t in await load_turns(pg_url)] == [0, 1]
         async with engine.connect() as connection:
-            assert await connection.scalar(text("SELECT count(*) FROM usage_counters")) == 0
+            counted = await connection.scalar(
+                text("SELECT value FROM usage_counters WHERE metric = :metric"),
+                {"metric": MESSAGES_PER_MINUTE},
+            )
+        assert counted == 2
     finally:
         await engine.dispose()
 

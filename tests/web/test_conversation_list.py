@@ -98,7 +98,7 @@ async def test_pages_split_conversations_updated_at_the_same_instant(
         async with create_sessionmaker(engine)() as session, session.begin():
             for index in range(7):
                 conversation = Conversation(
-                    owner="alice", channel="api", external_key=f"c{index}", updated_at=same
+                    owner="key:alice", channel="api", external_key=f"c{index}", updated_at=same
                 )
                 session.add(conversation)
                 await session.flush()
@@ -113,9 +113,9 @@ async def test_pages_split_conversations_updated_at_the_same_instant(
                 )
             # Not listed: a closed conversation, and one of another channel.
             session.add(
-                Conversation(owner="alice", channel="api", external_key="old", closed_at=same)
+                Conversation(owner="key:alice", channel="api", external_key="old", closed_at=same)
             )
-            session.add(Conversation(owner="alice", channel="openai", external_key="x"))
+            session.add(Conversation(owner="key:alice", channel="openai", external_key="x"))
     finally:
         await engine.dispose()
 
