@@ -64,15 +64,15 @@ def settings(urls: list[str], session_header: str = "x-session-id") -> EngineSet
 async def play(
     mode: str, engines: list[OpenAIRemoteEngine], chat: ChatFormat, args: argparse.Namespace
 ) -> list[list[Turn]]:
-    """Every chat's turns, all chats at once: ``engines[0]`` for every turn (affinity), or
-    the next of ``engines[1:]`` each turn (round-robin)."""
+    """Every chat's turns, all chats at once: the next of ``engines[1:]`` each turn
+    (round-robin), else ``engines[0]`` for every turn (affinity, a router)."""
     round_robin = itertools.cycle(engines[1:])
 
     async def conversation(index: int) -> list[Turn]:
         turns: list[Turn] = []
         prompt = chat.first_turn(f"[{mode}] Chat {index}: hello, tell me something.").token_ids
         for turn in range(args.turns):
-            engine = engines[0] if mode == "affinity" else next(round_robin)
+            engine = next(round_robin) if mode == "round-robin" else engines[0]
             request = GenerationRequest(
                 request_id=uuid.uuid4().hex,
                 prompt_token_ids=prompt,
