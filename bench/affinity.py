@@ -9,7 +9,15 @@ mode: the share of cacheable prompt tokens (full blocks of the previous
 prompt + reply) served from cache, prompt tokens recomputed per turn, and
 TTFT (p50/p99, and by turn).
 
+With ``--router POLICY ...`` the same conversations also go through vLLM's own
+router (``vllm-router``, the ``router`` extra) started with each policy in
+front of the two servers, the service's one engine URL the router's; for
+``consistent_hash`` once more without the session header (the router then
+hashes each request's own id). A last table puts every mode's reuse side by
+side.
+
     .venv/bin/python bench/affinity.py [--chats 8] [--turns 8] [--max-tokens 48]
+        [--router consistent_hash sticky_least_loaded cache_aware]
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ from bot.config import EngineSettings
 from bot.engine.base import GenerationRequest
 from bot.engine.openai_remote import OpenAIRemoteEngine
 from bot.models.demo_model import build_demo_model
+from bot.testing.vllm_router import ROUTER_POLICIES, start_router
 from bot.testing.vllm_servers import API_KEY, SERVED_MODEL_NAME, start_servers
 from bot.turns.chat_format import ChatFormat, load_tokenizer
 
@@ -37,28 +46,33 @@ Turn = tuple[int, int, int, float]
 """prompt tokens, completion tokens, cached tokens, TTFT ms"""
 
 
-def settings(urls: list[str]) -> EngineSettings:
+NO_SESSION_HEADER = "x-bench-unrouted"
+"""A header no router reads: the requests go out without the session key the router needs."""
+
+
+def settings(urls: list[str], session_header: str = "x-session-id") -> EngineSettings:
     return EngineSettings(
         kind="openai",
         base_urls=urls,
         api_key=SecretStr(API_KEY),
         served_model_name=SERVED_MODEL_NAME,
         max_model_len=1024,
+        session_header=session_header,
     )
 
 
 async def play(
     mode: str, engines: list[OpenAIRemoteEngine], chat: ChatFormat, args: argparse.Namespace
 ) -> list[list[Turn]]:
-    """Every chat's turns, all chats at once: ``engines[0]`` for every turn (affinity), or
-    the next of ``engines[1:]`` each turn (round-robin)."""
+    """Every chat's turns, all chats at once: the next of ``engines[1:]`` each turn
+    (round-robin), else ``engines[0]`` for every turn (affinity, a router)."""
     round_robin = itertools.cycle(engines[1:])
 
     async def conversation(index: int) -> list[Turn]:
         turns: list[Turn] = []
         prompt = chat.first_turn(f"[{mode}] Chat {index}: hello, tell me something.").token_ids
         for turn in range(args.turns):
-            engine = engines[0] if mode == "affinity" else next(round_robin)
+            engine = next(round_robin) if mode == "round-robin" else engines[0]
             request = GenerationRequest(
                 request_id=uuid.uuid4().hex,
                 prompt_token_ids=prompt,
@@ -85,14 +99,16 @@ async def play(
     return list(await asyncio.gather(*(conversation(i) for i in range(args.chats))))
 
 
-def report(mode: str, chats: list[list[Turn]]) -> None:
+def reuse(chats: list[list[Turn]]) -> float:
     cached, cacheable = prefix_reuse([[turn[:3] for turn in chat] for chat in chats])
+    return cached / max(1, cacheable)
+
+
+def report(mode: str, chats: list[list[Turn]]) -> None:
     later = [turn for chat in chats for turn in chat[1:]]
     ttft = [turn[3] for turn in later]
     print(f"\n== {mode}")
-    print(
-        f"cacheable prompt tokens served from cache (turns 2..): {cached / max(1, cacheable):.1%}"
-    )
+    print(f"cacheable prompt tokens served from cache (turns 2..): {reuse(chats):.1%}")
     recomputed = [prompt - hit for prompt, _, hit, _ in later]
     print(f"prompt tokens recomputed per turn (turns 2..): mean {statistics.mean(recomputed):.1f}")
     print(f"TTFT turns 2..: p50 {percentile(ttft, 50):.1f} ms, p99 {percentile(ttft, 99):.1f} ms")
@@ -103,20 +119,43 @@ def report(mode: str, chats: list[list[Turn]]) -> None:
     print(f"TTFT p50 by turn (ms): {by_turn}")
 
 
-async def main_async(args: argparse.Namespace, urls: list[str], model_dir: Path) -> None:
+def router_engines(routers: dict[str, str]) -> dict[str, OpenAIRemoteEngine]:
+    """Mode -> an engine whose one URL is a router: each policy with the session header,
+    and consistent_hash once more without it."""
+    engines = {
+        f"router {policy}": OpenAIRemoteEngine(settings([url])) for policy, url in routers.items()
+    }
+    if "consistent_hash" in routers:
+        engines["router consistent_hash, no session header"] = OpenAIRemoteEngine(
+            settings([routers["consistent_hash"]], session_header=NO_SESSION_HEADER)
+        )
+    return engines
+
+
+async def main_async(
+    args: argparse.Namespace, urls: list[str], model_dir: Path, routers: dict[str, str]
+) -> None:
     chat = ChatFormat(load_tokenizer(str(model_dir)), "You are a benchmark assistant.")
     routed = OpenAIRemoteEngine(settings(urls))
     singles = [OpenAIRemoteEngine(settings([url])) for url in urls]
-    for engine in (routed, *singles):
+    behind = router_engines(routers)
+    for engine in (routed, *singles, *behind.values()):
         await engine.start()
     try:
-        affinity = await play("affinity", [routed], chat, args)
-        round_robin = await play("round-robin", [routed, *singles], chat, args)
+        results = {
+            "affinity": await play("affinity", [routed], chat, args),
+            "round-robin": await play("round-robin", [routed, *singles], chat, args),
+        }
+        for mode, engine in behind.items():
+            results[mode] = await play(mode, [engine], chat, args)
         print(f"\n{args.chats} chats x {args.turns} turns, {args.max_tokens}-token replies")
-        report("affinity", affinity)
-        report("round-robin", round_robin)
+        for mode, chats in results.items():
+            report(mode, chats)
+        print("\n== cacheable prompt tokens served from cache, side by side")
+        for mode, chats in results.items():
+            print(f"{mode:<45} {reuse(chats):6.1%}")
     finally:
-        for engine in (routed, *singles):
+        for engine in (routed, *singles, *behind.values()):
             await engine.shutdown()
 
 
@@ -126,14 +165,28 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--model-dir", type=Path, default=DEMO_MODEL_DIR)
+    parser.add_argument(
+        "--router",
+        nargs="+",
+        default=[],
+        choices=ROUTER_POLICIES,
+        metavar="POLICY",
+        help=f"also through vllm-router with each policy ({', '.join(ROUTER_POLICIES)})",
+    )
     args = parser.parse_args()
     model_dir = build_demo_model(args.model_dir)
     with tempfile.TemporaryDirectory() as logs:
         servers = start_servers(model_dir, Path(logs))
         print(f"two vLLM servers up in {max(s.started_s for s in servers):.1f} s")
+        urls = [s.base_url for s in servers]
+        routers = []
         try:
-            asyncio.run(main_async(args, [s.base_url for s in servers], model_dir))
+            routers = [start_router(urls, Path(logs), policy=policy) for policy in args.router]
+            by_policy = {router.policy: router.base_url for router in routers}
+            asyncio.run(main_async(args, urls, model_dir, by_policy))
         finally:
+            for router in routers:
+                router.stop()
             for server in servers:
                 server.stop()
 

@@ -2,7 +2,8 @@
 
 Layers, top to bottom: config, database, migrations, model (folder and
 tokenizer), engine (the local vLLM starts and generates a token, or every
-remote server answers the OpenAI API), then each configured table of a
+remote server answers the OpenAI API; a router in front is named with the
+replicas it reports, ``bot.doctor.router``), then each configured table of a
 channel kind with a ``doctor.py`` (``bot.doctor.walk._checks``). Each check
 reports its layer, ok/fail, time, an error class and a one-line hint for the
 usual causes.

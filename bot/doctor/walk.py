@@ -17,7 +17,7 @@ from bot.channels.slack.settings import SLACK
 from bot.channels.telegram import doctor as telegram_doctor
 from bot.channels.telegram.settings import TELEGRAM
 from bot.config import ConfigError, Settings, load_settings
-from bot.doctor import model, remote, storage
+from bot.doctor import model, remote, router, storage
 from bot.doctor.report import CheckResult
 from bot.engine.base import InferenceEngine
 from bot.errors import CONFIG, DoctorFailure, ErrorClass
@@ -193,9 +193,19 @@ async def _remote_engines(walk: _Walk, settings: Settings, chat_format: ChatForm
         for base_url in engine.base_urls:
 
             async def probe(base_url: str = base_url) -> str:
-                return await remote.probe_openai_server(
+                served = await remote.probe_openai_server(
                     http, base_url, model=model_name, api_key=api_key, prompt_token_ids=prompt
                 )
+                found = await router.detect_router(http, base_url, api_key)
+                if found is None:
+                    return served
+                # One router URL: the router picks the replica, the service routes nothing.
+                routing = (
+                    "; the router picks the replica"
+                    if len(engine.base_urls) == 1
+                    else "; the service ranks this URL among the others"
+                )
+                return f"{served}; {found.describe()}{routing}"
 
             if not await walk.step(f"engine {base_url}", probe):
                 return False

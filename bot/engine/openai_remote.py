@@ -12,7 +12,10 @@ Routing: ``bot.engine.routing`` ranks the replicas per conversation; a
 request goes to the first one whose breaker is closed, and fails over down
 the ranking only while nothing has been streamed to the user. The
 conversation also travels as a session header, so a vLLM router in front
-(one base URL) can keep the same affinity.
+keeps the same affinity: with one base URL (the router's) the service has
+nothing to rank, every try goes there and the router picks the replica
+(``ReplicaSet.routing``). Each call is counted by upstream
+(``bot.engine.upstream_metrics``).
 
 Connections: a streaming turn holds one connection for its whole reply, so
 the generation pool is sized from ``engine.max_connections`` (not aiohttp's
@@ -41,6 +44,7 @@ from bot.engine.base import EngineTimings, GenerationChunk, GenerationRequest
 from bot.engine.remote_errors import RemoteFailure, from_exception, from_status, protocol_error
 from bot.engine.routing import ReplicaSet
 from bot.engine.settings import EngineSettings
+from bot.engine.upstream_metrics import UpstreamMetrics
 from bot.errors import EngineError, ErrorClass
 from bot.ops.recent_answer import RecentAnswer
 
@@ -115,6 +119,7 @@ class OpenAIRemoteEngine:
         self._in_flight: dict[str, aiohttp.ClientResponse] = {}
         self._streamed = RecentAnswer()
         self._proxies: dict[str, _Proxy] = {}
+        self.upstream_metrics = UpstreamMetrics()
 
     # -- lifetime ----------------------------------------------------------------------
 
@@ -150,7 +155,11 @@ class OpenAIRemoteEngine:
         )
         await asyncio.gather(*(self._probe(url) for url in self.replicas.base_urls))
         log.info(
-            "engine_started", kind="openai", model=self.model, replicas=self.replicas.base_urls
+            "engine_started",
+            kind="openai",
+            model=self.model,
+            replicas=self.replicas.base_urls,
+            routing=self.replicas.routing,
         )
 
     async def _probe(self, base_url: str) -> None:
@@ -306,11 +315,16 @@ class OpenAIRemoteEngine:
             try:
                 async for chunk in self._attempt(base_url, request):
                     streamed = True
+                    if chunk.finished:
+                        self.upstream_metrics.succeeded(
+                            base_url, chunk.prompt_tokens or 0, chunk.cached_tokens or 0
+                        )
                     yield chunk
                 self.replicas.breakers[base_url].record_success()
                 return
             except _Failed as failed:
                 last = failed.failure
+            self.upstream_metrics.failed(base_url, last.error.error_class.value)
             breaker = self.replicas.breakers[base_url]
             if last.trips_breaker:
                 breaker.record_failure()

@@ -5,6 +5,12 @@ conversation goes to the first replica of its ranking that is up. Adding or
 removing one replica moves only the conversations that ranked it first, and a
 replica that comes back gets exactly its old conversations back, so each chat
 keeps returning to the replica that holds its KV blocks.
+
+One base URL is the case of a router in front (vLLM's router, production-stack,
+llm-d): the service ranks nothing and every try goes to that URL, where the
+router picks the replica by the session header. Its breaker still counts
+failures, but a lone URL is always tried (``candidates``' last resort), since
+there is nowhere else to go.
 """
 
 from __future__ import annotations
@@ -84,6 +90,12 @@ class ReplicaSet:
             url: CircuitBreaker(breaker_failures, breaker_cooldown_s, clock)
             for url in self.base_urls
         }
+
+    @property
+    def routing(self) -> str:
+        """``rendezvous``: the service picks the replica; ``upstream``: one URL, whatever
+        serves it (a router, or a lone replica) decides."""
+        return "rendezvous" if len(self.base_urls) > 1 else "upstream"
 
     def order(self, session_key: str | None, request_id: str) -> list[str]:
         """Replicas to try, best first: the conversation's ranking (a request's own when none)."""

@@ -30,6 +30,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from bot.apikeys import Principal
+from bot.engine.upstream_metrics import UpstreamMetrics
 from bot.http.key_gate import Scope, requires
 from bot.http.keys import DB_ANSWERS, DB_PROBE, ENGINE, SERVER, TURNS
 from bot.ops.metrics import CONTENT_TYPE, BotMetrics
@@ -200,6 +201,10 @@ def setup(app: web.Application) -> BotMetrics:
     """Add the ops routes, the metrics and the drain to the main app; returns the metrics."""
     turns = app[TURNS]
     app[METRICS] = bot_metrics = BotMetrics(in_flight=lambda: turns.in_flight)
+    # A remote engine counts its calls by upstream (bot.engine.upstream_metrics).
+    upstream = getattr(app[ENGINE], "upstream_metrics", None)
+    if isinstance(upstream, UpstreamMetrics):
+        bot_metrics.more_registries.append(upstream.registry)
     app[OPS_STATE] = OpsState()
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)

@@ -57,6 +57,8 @@ class BotMetrics:
     ) -> None:
         self.registry = CollectorRegistry()
         self.process_registry = process_registry
+        self.more_registries: list[CollectorRegistry] = []
+        """Rendered after this app's own: the engine's (``bot_engine_*``, by upstream)."""
         r = self.registry
         self.turns = Counter(
             "bot_turns", "Finished turns.", ["channel", "status", "error_class"], registry=r
@@ -157,5 +159,9 @@ class BotMetrics:
         return lambda: _rate_limit_listeners.remove(listener)
 
     def render(self) -> bytes:
-        """This app's metrics, then the process's (collectors, in-process vLLM)."""
-        return generate_latest(self.registry) + generate_latest(self.process_registry)
+        """This app's metrics, its engine's, then the process's (collectors, in-process vLLM)."""
+        return (
+            generate_latest(self.registry)
+            + b"".join(generate_latest(registry) for registry in self.more_registries)
+            + generate_latest(self.process_registry)
+        )

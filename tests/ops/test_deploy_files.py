@@ -150,7 +150,7 @@ def test_compose_keeps_secrets_off_command_lines_environments_and_urls() -> None
         }
         assert used <= declared, name
     bot_files = {s["target"] for s in document["services"]["bot"]["secrets"]}
-    assert bot_files == {"database.password", "engine.api_key"}
+    assert bot_files == {"database.password", "engine.api_key", "tenancy.cache_salt_secret"}
 
 
 def substitute(value: str, variables: dict[str, str]) -> str:
@@ -182,7 +182,11 @@ def test_compose_bot_environment_loads_as_valid_settings(
         if key.startswith("BOT_"):
             monkeypatch.setenv(key, substitute(str(value), example))
     # The secrets as compose mounts them: /run/secrets/<target>, from deploy/secrets/<file>.
-    files = {"postgres_password": "p@ss/word%\n", "vllm_api_key": "sk-vllm\n"}
+    files = {
+        "postgres_password": "p@ss/word%\n",
+        "vllm_api_key": "sk-vllm\n",
+        "cache_salt_secret": "salt-key\n",
+    }
     for secret in bot["secrets"]:
         (tmp_path / secret["target"]).write_text(files[secret["source"]])
     monkeypatch.setenv("BOT_SECRETS_DIR", str(tmp_path))
