@@ -1,13 +1,10 @@
 """Benchmark: conversation affinity vs round-robin over two real vLLM replicas, in one run.
 
-Starts two vLLM OpenAI servers on loopback (the tiny demo model), then plays
-the same shape of conversations (N chats x T turns, token-exact prompts)
-twice: routed by ``OpenAIRemoteEngine`` (rendezvous affinity on the
-conversation id) and round-robin (each request to the next replica). The two
-phases use different texts, so neither warms the other's cache. Prints, per
-mode: the share of cacheable prompt tokens (full blocks of the previous
-prompt + reply) served from cache, prompt tokens recomputed per turn, and
-TTFT (p50/p99, and by turn).
+Two vLLM OpenAI servers on loopback (the demo model) get the same shape of conversations
+(N chats x T turns, token-exact prompts) twice, with different texts: routed by
+``OpenAIRemoteEngine`` (rendezvous affinity on the conversation id) and round-robin.
+Prints, per mode: the share of cacheable prompt tokens (full blocks of the previous
+prompt + reply) served from cache, prompt tokens recomputed per turn, TTFT p50/p99.
 
 With ``--router POLICY ...`` the same conversations also go through vLLM's own
 router (``vllm-router``, the ``router`` extra) started with each policy in
