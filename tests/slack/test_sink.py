@@ -470,3 +470,22 @@ async def test_a_long_reply_taken_over_after_its_first_messages_posts_each_once(
         return re.sub(r"```|\s", "", shown_text)
 
     assert "".join(bare(m.text) for m in shown) == bare(text)
+
+
+async def test_a_stream_finished_before_its_worker_died_is_not_posted_again(
+    slack_api: FakeSlackApi, make_channel: MakeChannel
+) -> None:
+    """The worker closed the stream with the whole reply and died before the turn was
+    recorded done: the one that takes over delivers the reply again, into that message."""
+    channel = make_channel(streaming="stream")
+    first = open_sink(channel)
+    await play(first, REPLY)
+
+    second = reopen_sink(channel, first)
+    await second.start()
+    await second.finish(REPLY)
+
+    [message] = slack_api.thread(CHANNEL, THREAD)
+    assert message.text in (REPLY, render_reply(REPLY).text)
+    assert len(slack_api.calls_to("chat.startStream")) == 1
+    assert not slack_api.calls_to("chat.postMessage")

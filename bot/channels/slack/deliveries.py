@@ -131,8 +131,19 @@ class StreamDelivery:
         """Characters of the current message's body already streamed."""
         self._consumed = consumed
         self._carry = carry
+        self._closed_ts: str | None = None
+        """The last message, once the final text closed its stream."""
 
     def state(self) -> dict[str, Any]:
+        if self._closed_ts is not None:
+            # The reply is all out; a worker taking over now (the turn not yet recorded
+            # done) can only edit that message, never start it again.
+            return {
+                "mode": "update",
+                "ts": self._closed_ts,
+                "consumed": self._consumed,
+                "carry": self._carry,
+            }
         return {
             "mode": "stream",
             "ts": self._ts,
@@ -212,7 +223,7 @@ class StreamDelivery:
                     await self._send(head or tail)
                     tail = "" if not head else tail
                 await self._stop(tail)
-                self._ts = None
+                self._closed_ts, self._ts = self._ts, None
                 return
             if new:
                 await self._send(new)
