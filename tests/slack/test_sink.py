@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import re
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 import aiohttp
 import pytest
@@ -16,6 +19,7 @@ from bot.channels.slack.sink import SlackReplySink
 from bot.channels.slack.splitting import split
 from bot.errors import DeliveryError, ErrorClass
 from bot.testing.slack_api import FakeSlackApi
+from bot.turns.replies import delivery_of
 from tests.slack.conftest import BOT_USER, TEAM, TOKEN, MakeChannel, app_settings
 
 CHANNEL = "C0001CHAN"
@@ -371,3 +375,117 @@ async def test_a_turn_stopped_inside_finish_still_closes_its_stream(
     assert [m.text for m in shown] == ["All done here.", "_Stopped._"]
     assert not any(m.streaming for m in shown)
     assert slack_api.arrived.count("chat.startStream") == 1
+
+
+def reopen_sink(channel: SlackChannel, dead: SlackReplySink) -> SlackReplySink:
+    """The sink a worker taking the turn over opens, from the dead one's saved state."""
+    state = delivery_of(dead)
+    addr = replace(address(), delivery=json.loads(json.dumps(state)))  # as the row stores it
+    return open_sink(channel, addr)
+
+
+async def die_after(sink: SlackReplySink, text: str, slack_api: FakeSlackApi) -> None:
+    """The worker streams ``text`` so far, its calls land, then it dies."""
+    await sink.start()
+    await sink.delta(text)
+    await asyncio.sleep(0.3)  # its last push is out; nothing more comes from it
+    assert slack_api.thread(CHANNEL, THREAD)
+
+
+@pytest.mark.parametrize("mode", ["stream", "update"])
+async def test_a_reply_taken_over_goes_on_in_the_same_message(
+    slack_api: FakeSlackApi, make_channel: MakeChannel, mode: str
+) -> None:
+    """A worker died half-way through a reply: the one that takes the turn over goes on
+    with the message the user already sees, and the reply is posted once."""
+    channel = make_channel(streaming=mode)
+    first = open_sink(channel)
+    await die_after(first, REPLY[:40], slack_api)
+
+    second = reopen_sink(channel, first)
+    await second.start()
+    await second.delta(REPLY[:60])
+    await second.finish(REPLY)
+
+    [message] = slack_api.thread(CHANNEL, THREAD)
+    assert not message.streaming
+    assert message.text == (REPLY if mode == "stream" else render_reply(REPLY).text)
+    starts = "chat.startStream" if mode == "stream" else "chat.postMessage"
+    assert len(slack_api.calls_to(starts)) == 1
+    assert all(c.ok for c in slack_api.calls)
+
+
+async def test_a_stream_that_ended_with_its_worker_is_finished_by_editing_it(
+    slack_api: FakeSlackApi, make_channel: MakeChannel
+) -> None:
+    """Slack stopped taking appends to the dead worker's stream: the worker taking over
+    finishes that same message with chat.update, and posts nothing new."""
+    channel = make_channel(streaming="stream")
+    first = open_sink(channel)
+    await die_after(first, REPLY[:40], slack_api)
+    [message] = slack_api.thread(CHANNEL, THREAD)
+    slack_api.expire_stream(CHANNEL, message.ts)
+
+    second = reopen_sink(channel, first)
+    await second.start()
+    await second.finish(REPLY)
+
+    [message] = slack_api.thread(CHANNEL, THREAD)
+    assert message.text == render_reply(REPLY).text
+    assert len(slack_api.calls_to("chat.startStream")) == 1
+    assert not slack_api.calls_to("chat.postMessage")
+
+
+@pytest.mark.parametrize("mode", ["stream", "update"])
+async def test_a_long_reply_taken_over_after_its_first_messages_posts_each_once(
+    slack_api: FakeSlackApi, make_channel: MakeChannel, mode: str
+) -> None:
+    """Taken over after the reply outgrew its first messages (a code fence cut open
+    across them): the rest goes on in the message being written, each piece once."""
+    text = "```\n" + "\n".join(f"row {i}" for i in range(120)) + "\n```\nDone."
+    channel = make_channel(streaming=mode, max_message_chars=300)
+    first = open_sink(channel)
+    await first.start()
+    for end in range(100, len(text) // 2, 100):
+        await first.delta(text[:end])
+        await asyncio.sleep(0.1)
+    await asyncio.sleep(0.3)
+    before = len(slack_api.thread(CHANNEL, THREAD))
+    assert before >= 2
+
+    second = reopen_sink(channel, first)
+    await play(second, text, step=100, pause=0.05)
+
+    shown = slack_api.thread(CHANNEL, THREAD)
+    assert all(not m.streaming for m in shown)
+    if mode == "update":
+        assert [m.text for m in shown] == [render_reply(p).text for p in split(text, 300)]
+    else:
+        assert all(m.text.count("```") % 2 == 0 for m in shown)
+        assert shown[-1].text.endswith("Done.")
+
+    # Nothing twice, nothing lost: the messages hold the reply once, but for the fences
+    # closed and reopened where they were cut.
+    def bare(shown_text: str) -> str:
+        return re.sub(r"```|\s", "", shown_text)
+
+    assert "".join(bare(m.text) for m in shown) == bare(text)
+
+
+async def test_a_stream_finished_before_its_worker_died_is_not_posted_again(
+    slack_api: FakeSlackApi, make_channel: MakeChannel
+) -> None:
+    """The worker closed the stream with the whole reply and died before the turn was
+    recorded done: the one that takes over delivers the reply again, into that message."""
+    channel = make_channel(streaming="stream")
+    first = open_sink(channel)
+    await play(first, REPLY)
+
+    second = reopen_sink(channel, first)
+    await second.start()
+    await second.finish(REPLY)
+
+    [message] = slack_api.thread(CHANNEL, THREAD)
+    assert message.text in (REPLY, render_reply(REPLY).text)
+    assert len(slack_api.calls_to("chat.startStream")) == 1
+    assert not slack_api.calls_to("chat.postMessage")

@@ -53,8 +53,12 @@ class DiscordChannel:
         )
 
     def open_reply(self, address: TurnAddress) -> ReplySink:
+        delivery = self.delivery(address.reply_to)
+        if address.delivery:
+            # Taken over from a dead worker: edit the message it was writing.
+            delivery.restore(address.delivery)
         return DiscordReplySink(
-            self.delivery(address.reply_to),
+            delivery,
             max_retry_wait_s=self.settings.max_retry_wait_s,
             turn_id=address.turn_id,
         )

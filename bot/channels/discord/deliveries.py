@@ -15,6 +15,10 @@ once, so a push cut short by an error can simply be repeated.
 
 Every message goes with ``allowed_mentions`` parsing nothing: whatever the
 model writes, nobody is pinged.
+
+``state()`` is where a delivery stands (the message being written, how much of
+the reply the messages before it hold), JSON for ``delivery_state``; ``restore``
+takes a dead worker's, so the worker taking the turn over edits that message on.
 """
 
 from __future__ import annotations
@@ -51,6 +55,10 @@ class Delivery(Protocol):
 
     async def apologise(self, message: str) -> None: ...
 
+    def state(self) -> dict[str, Any]: ...
+
+    def restore(self, state: dict[str, Any]) -> None: ...
+
 
 def _content(text: str) -> dict[str, Any]:
     return {"content": text, "allowed_mentions": NO_MENTIONS}
@@ -78,6 +86,24 @@ class _Messages:
         self._shown: str | None = None
         self._consumed = 0
         self._carry = ""
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "message_id": self._message_id,
+            "shown": self._shown is not None,
+            "consumed": self._consumed,
+            "carry": self._carry,
+        }
+
+    def restore(self, state: dict[str, Any]) -> None:
+        message_id = state.get("message_id")
+        self._message_id = str(message_id) if message_id else None
+        # What the message shows was not saved, only that it shows something: "" is
+        # never equal to new content (the next push edits it), and is not None (an
+        # empty reply or an apology does not overwrite it).
+        self._shown = "" if state.get("shown") and self._message_id else None
+        self._consumed = int(state.get("consumed", 0))
+        self._carry = str(state.get("carry", ""))
 
     def next_delay(self) -> float:
         return self._api.delay(self._next_call().bucket)
@@ -242,6 +268,13 @@ class ChannelDelivery(_Messages):
         message_id = await super()._created(content)
         self._first = False
         return message_id
+
+    def state(self) -> dict[str, Any]:
+        return {**super().state(), "first": self._first}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        super().restore(state)
+        self._first = bool(state.get("first", True))
 
     async def apologise(self, message: str) -> None:
         await self._created(f"*{message}*")

@@ -11,11 +11,16 @@ later while a bucket is empty or a 429's wait runs). Failures:
   ``max_retry_wait_s`` (``bot.channels.delivery_retry``, one policy for every
   platform);
 - an interaction's token past its 15 minutes, 401, 403, 404: give up at once.
+
+A turn taken over from a dead worker goes on editing the message that worker
+was writing (``Delivery.restore`` of its ``delivery_state``): nothing already
+shown is posted again.
 """
 
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import structlog
 
@@ -37,6 +42,10 @@ class DiscordReplySink(PacedReplySink):
         self._delivery = delivery
         self._fatal = False
         self._retry = DeliveryRetry(max_retry_wait_s)
+
+    def delivery_state(self) -> dict[str, Any] | None:
+        """Where the reply's messages stand (``bot.turns.replies.ResumableSink``)."""
+        return self._delivery.state()
 
     def _next_delay(self) -> float:
         return self._delivery.next_delay()

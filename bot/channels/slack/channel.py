@@ -32,5 +32,8 @@ class SlackChannel:
 
     def open_reply(self, address: TurnAddress) -> ReplySink:
         return SlackReplySink(
-            self.outbound, ReplyTarget.from_reply_to(address.reply_to), turn_id=address.turn_id
+            self.outbound,
+            ReplyTarget.from_reply_to(address.reply_to),
+            turn_id=address.turn_id,
+            delivery=address.delivery,
         )

@@ -9,11 +9,15 @@ success at once, so a push interrupted by an error can simply be repeated.
   block with plain text beside it (``render``).
 
 Both close a message at ``max_message_chars`` and go on in a new one.
+
+``state()`` is where a delivery stands (the message being written and how much of
+the reply is in the messages before it), JSON for ``delivery_state``; ``resumed``
+builds the delivery a worker taking the turn over goes on with.
 """
 
 from __future__ import annotations
 
-from typing import NoReturn, Protocol
+from typing import Any, NoReturn, Protocol
 
 from bot.channels.slack import splitting
 from bot.channels.slack.api import SlackCallError
@@ -50,6 +54,8 @@ class Delivery(Protocol):
 
     async def apologise(self, message: str) -> None: ...
 
+    def state(self) -> dict[str, Any]: ...
+
 
 class UpdateDelivery:
     def __init__(
@@ -68,6 +74,9 @@ class UpdateDelivery:
         self._shown: SlackMessage | None = None
         self._consumed = consumed
         self._carry = carry
+
+    def state(self) -> dict[str, Any]:
+        return {"mode": "update", "ts": self._ts, "consumed": self._consumed, "carry": self._carry}
 
     def next_delay(self) -> float:
         if self._ts is None:
@@ -104,15 +113,44 @@ class UpdateDelivery:
 
 
 class StreamDelivery:
-    def __init__(self, out: Outbound, target: ReplyTarget) -> None:
+    def __init__(
+        self,
+        out: Outbound,
+        target: ReplyTarget,
+        *,
+        ts: str | None = None,
+        sent: int = 0,
+        consumed: int = 0,
+        carry: str = "",
+    ) -> None:
         self._out = out
         self._target = target
         self._limit = out.settings.max_message_chars
-        self._ts: str | None = None
-        self._sent = 0
+        self._ts = ts
+        self._sent = sent
         """Characters of the current message's body already streamed."""
-        self._consumed = 0
-        self._carry = ""
+        self._consumed = consumed
+        self._carry = carry
+        self._closed_ts: str | None = None
+        """The last message, once the final text closed its stream."""
+
+    def state(self) -> dict[str, Any]:
+        if self._closed_ts is not None:
+            # The reply is all out; a worker taking over now (the turn not yet recorded
+            # done) can only edit that message, never start it again.
+            return {
+                "mode": "update",
+                "ts": self._closed_ts,
+                "consumed": self._consumed,
+                "carry": self._carry,
+            }
+        return {
+            "mode": "stream",
+            "ts": self._ts,
+            "sent": self._sent,
+            "consumed": self._consumed,
+            "carry": self._carry,
+        }
 
     def next_delay(self) -> float:
         if self._ts is None:
@@ -185,7 +223,7 @@ class StreamDelivery:
                     await self._send(head or tail)
                     tail = "" if not head else tail
                 await self._stop(tail)
-                self._ts = None
+                self._closed_ts, self._ts = self._ts, None
                 return
             if new:
                 await self._send(new)
@@ -199,3 +237,21 @@ class StreamDelivery:
             self._ts = None
         else:
             await self._out.post(self._target, f"_{escape(message)}_")
+
+
+def resumed(out: Outbound, target: ReplyTarget, state: dict[str, Any]) -> Delivery:
+    """The delivery that goes on from a dead worker's ``state()``, in the same message.
+
+    Its stream is appended to again: Slack knows a stream by channel and ts, not by
+    the process that started it. A stream Slack has meanwhile ended is finished with
+    chat.update of the same ts (``StreamExpired``), as in the worker that started it.
+    """
+    ts = state.get("ts")
+    place: dict[str, Any] = {
+        "ts": str(ts) if ts else None,
+        "consumed": int(state.get("consumed", 0)),
+        "carry": str(state.get("carry", "")),
+    }
+    if state.get("mode") == "stream":
+        return StreamDelivery(out, target, sent=int(state.get("sent", 0)) if ts else 0, **place)
+    return UpdateDelivery(out, target, **place)

@@ -15,6 +15,10 @@ slot of the current delivery. Failures are kept and raised from the next
 ``auto`` mode starts with streams and falls back to chat.postMessage +
 chat.update when the workspace lacks them (remembered for the workspace), or
 when Slack ends a stream early (the same message is edited from then on).
+
+A turn taken over from a dead worker (``delivery``, the dead sink's
+``delivery_state``) goes on in the message that worker was writing, in the
+way it was writing it: nothing already shown is posted again.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from bot.channels.slack.deliveries import (
     StreamExpired,
     StreamingUnsupported,
     UpdateDelivery,
+    resumed,
 )
 from bot.channels.slack.outbound import Outbound, ReplyTarget
 from bot.errors import DeliveryError, ErrorClass
@@ -45,20 +50,33 @@ _INCOMPLETE = "\ufffd"
 
 
 class SlackReplySink(PacedReplySink):
-    def __init__(self, out: Outbound, target: ReplyTarget, *, turn_id: str) -> None:
+    def __init__(
+        self,
+        out: Outbound,
+        target: ReplyTarget,
+        *,
+        turn_id: str,
+        delivery: dict[str, Any] | None = None,
+    ) -> None:
         super().__init__(
             log=log.bind(turn_id=turn_id, slack_channel=target.channel_id),
             task_name=f"slack-reply-{turn_id}",
         )
         self._out = out
         self._target = target
-        self._delivery: Delivery = (
-            StreamDelivery(out, target)
-            if out.streams(target.team_id)
-            else UpdateDelivery(out, target)
-        )
+        self._delivery: Delivery
+        if delivery:
+            self._delivery = resumed(out, target, delivery)
+        elif out.streams(target.team_id):
+            self._delivery = StreamDelivery(out, target)
+        else:
+            self._delivery = UpdateDelivery(out, target)
         self._fatal = False
         self._retry = DeliveryRetry(out.settings.max_retry_wait_s)
+
+    def delivery_state(self) -> dict[str, Any] | None:
+        """Where the reply's messages stand (``bot.turns.replies.ResumableSink``)."""
+        return self._delivery.state()
 
     def _next_delay(self) -> float:
         return self._delivery.next_delay()
