@@ -228,7 +228,8 @@ def _without_row_detail(context: Any) -> None:
     while error is not None and id(error) not in seen:
         seen.add(id(error))
         # asyncpg's PostgresMessage: its text adds ``detail`` (the row, the key) and ``hint``.
-        if getattr(error, "detail", None) is not None:
+        # Only the server's text: SQLAlchemy's own errors keep a list under that name.
+        if isinstance(getattr(error, "detail", None), str):
             with contextlib.suppress(AttributeError, TypeError):
                 error.detail = None  # type: ignore[attr-defined]
         error = error.__cause__ or error.__context__
