@@ -111,7 +111,10 @@ async def test_calls_to_one_chat_are_paced(api: TelegramApi, fake_telegram: Fake
         await api.call("sendMessage", {"chat_id": GROUP_CHAT, "text": f"m{index}"})
     times = [call.at for call in fake_telegram.calls_of("sendMessage")]
     gaps = [b - a for a, b in itertools.pairwise(times)]
-    assert min(gaps) >= 0.1  # group interval 0.16 s in the test settings
+    # Group interval 0.16 s in the test settings, kept at sending; arrival times carry the
+    # loopback's jitter (a loaded machine delayed one call's arrival by 85 ms).
+    assert times[-1] - times[0] >= 3 * 0.16 - 0.03, gaps
+    assert min(gaps) >= 0.05, gaps
     assert all(call.ok for call in fake_telegram.calls)
 
 
