@@ -36,7 +36,8 @@ from bot.turns.branching import Edit, ForkRefused, fork_turn, latest_turn
 from bot.turns.branching import activate as activate_branch
 from bot.turns.cancellation import Cancellations
 from bot.turns.carried import CarriedHistories, CarriedPlan, HistoryConflict
-from bot.turns.claims import LocalClaims, TurnClaims
+from bot.turns.claiming import TurnClaims
+from bot.turns.claims import LocalClaims
 from bot.turns.ending import TurnEnd, TurnEndings, apply_to_row
 from bot.turns.idempotency import find_delivery, reuse_conflict
 from bot.turns.inbound import InboundMessage
