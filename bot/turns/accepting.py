@@ -39,7 +39,6 @@ log = structlog.get_logger(__name__)
 
 
 @dataclass(frozen=True)
-@dataclass(frozen=True)
 class Accepted:
     turn_id: str
     conversation_id: str
