@@ -54,7 +54,7 @@ from bot.storage.models import InboundEvent, Turn, TurnStatus
 from bot.testing.slack_api import FakeSlackApi
 from bot.testing.telegram_api import FakeTelegram
 from bot.testing.vllm_servers import free_port, launch, wait_ready
-from bot.turns.claims import INTERRUPTED_APOLOGY
+from bot.turns.claiming import INTERRUPTED_APOLOGY
 
 CHANNELS = ("api", "telegram", "slack", "webhook")
 LINES = [*harness.USER_LINES, "A NUL byte: a\u0000b, which PostgreSQL cannot store."]

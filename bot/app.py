@@ -119,16 +119,20 @@ async def create_app(
     app[DB_ANSWERS] = watch_answers(*engines.distinct)
     inference = engine if engine is not None else build_engine(settings)
     app[ENGINE] = inference
-    turns = TurnService(sessions, TurnStreams(), turn_sessions=turn_sessions)
+    turns = TurnService(
+        sessions,
+        TurnStreams(),
+        turn_sessions=turn_sessions,
+        claims=build_claims(settings.workers, settings.database.url, turn_sessions),
+        runs_turns=settings.workers.run_turns,
+        fair_use=FairUse(settings.limits),
+        personas=Personas(settings.personas, generation=settings.generation),
+        kept_accepts=kept_for_accepts(engines.requests),
+    )
     app[TURNS] = turns
-    turns.kept_accepts = kept_for_accepts(engines.requests)
-    turns.claims = build_claims(settings.workers, settings.database.url, turn_sessions)
-    turns.runs_turns = settings.workers.run_turns
     # An ingress-only process never generates: it starts no engine (nor frees one).
     starts_engine = engine is None and settings.workers.run_turns
-    turns.fair_use = FairUse(settings.limits)
     app[USAGE] = UsageReports(read_sessions, turns.fair_use)
-    turns.personas = Personas(settings.personas, generation=settings.generation)
     http = platform_client()
     app[HTTP_CLIENT] = http
     metrics = ops.setup(app)
@@ -177,8 +181,7 @@ async def create_app(
             cancellations=turns.cancellations,
             personas=turns.personas,
         )
-        turns.set_runner(runner)
-        turns.carried = CarriedHistories(read_sessions, fmt)
+        turns.set_runner(runner, carried=CarriedHistories(read_sessions, fmt))
         await turns.recover()
         # The pools' connections opened and the statements of a message's way to its
         # first token compiled before the first message rather than in it (bot.warm_up).

@@ -235,7 +235,7 @@ class Turn(Base):
     started_at: Mapped[dt.datetime | None]
     finished_at: Mapped[dt.datetime | None]
     lease_owner: Mapped[str | None] = mapped_column(String(200))
-    """The worker that runs (or is about to run) this turn; see ``bot.turns.claims``."""
+    """The worker that runs (or is about to run) this turn; see ``bot.turns.leases``."""
     lease_expires_at: Mapped[dt.datetime | None]
     """Renewed while the turn runs; once past, another worker may take the turn over."""
     cancel_requested_at: Mapped[dt.datetime | None]

@@ -173,7 +173,7 @@ def new_conversation_key() -> str:
 
 class CarriedHistories:
     """Matches carried histories to stored conversations and seeds new ones (for the
-    accept of ``bot.turns.service.TurnService``)."""
+    accept of ``bot.turns.accepting.Accepts``)."""
 
     def __init__(
         self, read_sessions: async_sessionmaker[AsyncSession], chat_format: ChatFormat

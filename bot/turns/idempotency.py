@@ -12,6 +12,8 @@ of client-chosen ids refuse it with 409 ``conflict``.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass
 
 from sqlalchemy import String, bindparam, select
@@ -78,3 +80,21 @@ def reuse_conflict(stored: StoredDelivery, message: InboundMessage) -> str | Non
             "message with a new id"
         )
     return None
+
+
+# inbound_events.event_id is VARCHAR(400); PostgreSQL counts characters.
+EVENT_ID_MAX_CHARS = 400
+EVENT_ID_HASH_PREFIX = "sha256:"
+
+
+def api_event_id(owner: str, conversation_key: str, message_id: str) -> str:
+    """Dedupe key of an HTTP API message: unique per owner, conversation and message id.
+
+    The JSON array keeps short keys readable (and those already stored unchanged);
+    a longer one (non-ASCII ids escape to six characters each) is replaced by its
+    SHA-256, so any ids the API accepts fit the column.
+    """
+    key = json.dumps([owner, conversation_key, message_id], separators=(",", ":"))
+    if len(key) <= EVENT_ID_MAX_CHARS:
+        return key
+    return EVENT_ID_HASH_PREFIX + hashlib.sha256(key.encode()).hexdigest()

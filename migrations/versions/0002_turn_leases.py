@@ -2,7 +2,7 @@
 
 A worker runs a turn only while it holds the turn's lease: ``lease_owner``
 (its worker id) and ``lease_expires_at`` (renewed while it runs). See
-``bot.turns.claims`` and docs/scaling.md.
+``bot.turns.leases`` and docs/scaling.md.
 
 Revision ID: 0002
 Revises: 0001

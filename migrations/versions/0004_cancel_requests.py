@@ -2,7 +2,7 @@
 
 A worker asked to stop a turn that another worker runs records the request in
 ``turns.cancel_requested_at``; the running worker's poller sees it and stops
-the turn. See ``bot.turns.claims`` and docs/scaling.md.
+the turn. See ``bot.turns.leases`` and docs/scaling.md.
 
 Revision ID: 0004
 Revises: 0003

@@ -499,7 +499,7 @@ async def _path_to_head(db_url: str) -> tuple[list[Message], int | None]:
 
 
 def _preparation(client: Any) -> Any:
-    return client.app[TURNS]._runner.policy.compactor._preparation
+    return client.app[TURNS].workers._runner.policy.compactor._preparation
 
 
 async def _settled(client: Any) -> None:

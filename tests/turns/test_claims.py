@@ -21,8 +21,8 @@ from bot.storage.conversations import allocate_turn_seq, open_conversation
 from bot.storage.db import create_engine, create_sessionmaker
 from bot.storage.models import Turn, TurnStatus, utcnow
 from bot.turns import claims as claims_module
-from bot.turns.claims import FRESH_TURN_GRACE, LeasedClaims, database_now
 from bot.turns.ending import TurnEndings
+from bot.turns.leases import FRESH_TURN_GRACE, LeasedClaims, database_now
 from bot.turns.partials import PartialReplies, ReplySnapshot
 from bot.turns.streams import TurnStreams
 from tests.conftest import MakeClient, issue_key

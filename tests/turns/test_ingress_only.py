@@ -21,7 +21,7 @@ from bot.config import ConfigError, load_settings
 from bot.engine.vllm_local import LocalVLLMEngine
 from bot.http.keys import TURNS
 from bot.storage.models import Turn
-from bot.turns.claims import FRESH_TURN_GRACE, LeasedClaims
+from bot.turns.leases import FRESH_TURN_GRACE, LeasedClaims
 from tests.conftest import MakeClient, issue_key
 from tests.helpers import auth, load_turns, read_sse, terminate_backends
 

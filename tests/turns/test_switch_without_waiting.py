@@ -189,7 +189,7 @@ async def test_a_turn_whose_prompt_no_longer_fits_waits_for_the_base(
 
 
 def _preparation(client: Any) -> Any:
-    return client.app[TURNS]._runner.policy.compactor._preparation
+    return client.app[TURNS].workers._runner.policy.compactor._preparation
 
 
 async def _settled(client: Any) -> None:

@@ -28,9 +28,10 @@ from bot.http.keys import SESSIONS, TURNS
 from bot.storage.db import READ_ONLY, create_engine, create_sessionmaker, is_sqlite
 from bot.storage.models import TurnStatus
 from bot.turns import wakeups
+from bot.turns.accepting import Accepted, limit_subjects
 from bot.turns.inbound import InboundMessage
 from bot.turns.limits import DAY_S, MESSAGES_PER_MINUTE, TOKENS_PER_DAY, FairUse
-from bot.turns.service import Accepted, TurnService, _limit_subjects
+from bot.turns.service import TurnService
 from bot.turns.settings import LimitSettings
 from bot.turns.streams import TurnStreams
 from tests.conftest import MakeClient, issue_key
@@ -266,9 +267,10 @@ async def test_an_accept_is_one_statement_on_postgresql_and_a_redelivery_is_stil
     first message creates its conversation in that one statement on PostgreSQL; on
     SQLite it looks for it, then creates it, with no savepoint."""
     engine = create_engine(db_url)
-    service = TurnService(create_sessionmaker(engine), TurnStreams())
-    service.schedule = lambda conversation_id: None  # type: ignore[method-assign]  # no engine
-    service.fair_use = FairUse(LimitSettings())
+    service = TurnService(
+        create_sessionmaker(engine), TurnStreams(), fair_use=FairUse(LimitSettings())
+    )
+    service.workers.schedule = lambda conversation_id: None  # type: ignore[method-assign]  # no engine
 
     try:
         with recorded_statements(engine.sync_engine) as statements:
@@ -304,9 +306,12 @@ async def test_a_message_its_one_statement_does_not_store_leaves_nothing_behind(
     store (another persona, over the limit) must leave no number, count or row behind,
     and is refused as before."""
     engine = create_engine(pg_url)
-    service = TurnService(create_sessionmaker(engine), TurnStreams())
-    service.schedule = lambda conversation_id: None  # type: ignore[method-assign]  # no engine
-    service.fair_use = FairUse(LimitSettings(messages_per_minute=3), clock=lambda: FAIR_USE_NOW)
+    service = TurnService(
+        create_sessionmaker(engine),
+        TurnStreams(),
+        fair_use=FairUse(LimitSettings(messages_per_minute=3), clock=lambda: FAIR_USE_NOW),
+    )
+    service.workers.schedule = lambda conversation_id: None  # type: ignore[method-assign]  # no engine
     try:
         for event_id in ("m1", "m2"):
             assert not (await service.accept(message(event_id))).duplicate
@@ -336,9 +341,12 @@ async def test_a_first_message_its_one_statement_does_not_store_creates_no_conve
     there (over the minute's limit), the conversation goes with the rest, and the
     transaction that tells the refusal apart leaves none either."""
     engine = create_engine(pg_url)
-    service = TurnService(create_sessionmaker(engine), TurnStreams())
-    service.schedule = lambda conversation_id: None  # type: ignore[method-assign]  # no engine
-    service.fair_use = FairUse(LimitSettings(messages_per_minute=1), clock=lambda: FAIR_USE_NOW)
+    service = TurnService(
+        create_sessionmaker(engine),
+        TurnStreams(),
+        fair_use=FairUse(LimitSettings(messages_per_minute=1), clock=lambda: FAIR_USE_NOW),
+    )
+    service.workers.schedule = lambda conversation_id: None  # type: ignore[method-assign]  # no engine
     try:
         assert not (await service.accept(message("m1"))).duplicate
         elsewhere = dataclasses.replace(message("m2"), conversation_key="c2")
@@ -368,7 +376,7 @@ async def test_a_first_message_racing_another_creation_of_its_conversation_is_st
     the statement creates the conversation itself."""
     engine = create_engine(pg_url)
     service = TurnService(create_sessionmaker(engine), TurnStreams())
-    service.schedule = lambda conversation_id: None  # type: ignore[method-assign]  # no engine
+    service.workers.schedule = lambda conversation_id: None  # type: ignore[method-assign]  # no engine
     try:
         async with engine.connect() as holder, engine.connect() as probe:
             # (Each poll in a transaction of its own: one's view of the activity is fixed.)
@@ -399,16 +407,15 @@ async def test_a_message_over_its_days_tokens_is_refused_and_its_one_statement_l
     whose day is spent takes no turn number and no minute's count, stores nothing, and
     is refused for its tokens, with the time to the next day."""
     engine = create_engine(pg_url)
-    service = TurnService(create_sessionmaker(engine), TurnStreams())
-    service.schedule = lambda conversation_id: None  # type: ignore[method-assign]  # no engine
     fair_use = FairUse(
         LimitSettings(messages_per_minute=10, tokens_per_day=100), clock=lambda: FAIR_USE_NOW
     )
-    service.fair_use = fair_use
+    service = TurnService(create_sessionmaker(engine), TurnStreams(), fair_use=fair_use)
+    service.workers.schedule = lambda conversation_id: None  # type: ignore[method-assign]  # no engine
     try:
         assert not (await service.accept(message("m1"))).duplicate  # creates the conversation
         async with create_sessionmaker(engine)() as session, session.begin():
-            await fair_use.charge(session, _limit_subjects(message("m1")), 100)
+            await fair_use.charge(session, limit_subjects(message("m1")), 100)
         with recorded_statements(engine.sync_engine) as statements:
             spent = await service.accept(message("m2"))
         assert spent.rate_limited is not None, spent
@@ -436,14 +443,17 @@ async def test_a_message_with_no_key_and_no_user_counts_against_its_conversation
     its conversation: the one statement stores and counts it, and the conversation's
     message over its minute is refused and stores nothing."""
     engine = create_engine(pg_url)
-    service = TurnService(create_sessionmaker(engine), TurnStreams())
-    service.schedule = lambda conversation_id: None  # type: ignore[method-assign]  # no engine
-    service.fair_use = FairUse(
-        LimitSettings(messages_per_minute=2, tokens_per_day=1_000_000),
-        clock=lambda: FAIR_USE_NOW,
+    service = TurnService(
+        create_sessionmaker(engine),
+        TurnStreams(),
+        fair_use=FairUse(
+            LimitSettings(messages_per_minute=2, tokens_per_day=1_000_000),
+            clock=lambda: FAIR_USE_NOW,
+        ),
     )
+    service.workers.schedule = lambda conversation_id: None  # type: ignore[method-assign]  # no engine
     anonymous = [dataclasses.replace(message(f"m{i}"), user_id=None) for i in range(3)]
-    assert _limit_subjects(anonymous[0]) == ["conversation:api:c"]
+    assert limit_subjects(anonymous[0]) == ["conversation:api:c"]
     try:
         for i, each in enumerate(anonymous[:2]):
             with plain_executes() as plain, recorded_statements(engine.sync_engine) as statements:
@@ -479,14 +489,17 @@ async def test_the_conversation_is_locked_before_the_fair_use_counter_by_every_a
     new conversation, a regenerate beside a message) and PostgreSQL would abort one.
     With the counter held elsewhere, each waits for it holding the conversation."""
     engine = create_engine(pg_url)
-    service = TurnService(create_sessionmaker(engine), TurnStreams())
-    service.schedule = lambda conversation_id: None  # type: ignore[method-assign]  # no engine
-    service.fair_use = FairUse(LimitSettings(messages_per_minute=100), clock=lambda: FAIR_USE_NOW)
+    service = TurnService(
+        create_sessionmaker(engine),
+        TurnStreams(),
+        fair_use=FairUse(LimitSettings(messages_per_minute=100), clock=lambda: FAIR_USE_NOW),
+    )
+    service.workers.schedule = lambda conversation_id: None  # type: ignore[method-assign]  # no engine
     plain_url = make_url(pg_url).set(drivername="postgresql").render_as_string(hide_password=False)
     holder, probe = await asyncpg.connect(plain_url), await asyncpg.connect(plain_url)
     try:
         await service.accept(message("m1"))  # the conversation and the counter's row
-        service._places_at_once = False  # the transaction, as for a refusal told apart
+        service.accepts._places_at_once = False  # the transaction, as for a refusal told apart
 
         async def regenerate_latest() -> Accepted:
             latest = max(await load_turns(pg_url), key=lambda turn: turn.seq)
@@ -523,12 +536,16 @@ async def test_first_messages_racing_from_two_workers_open_one_conversation_and_
     messages stored, numbered 0 and 1. (SQLite has no such race: its write lock is held
     from the number's lookup to the commit.)"""
     engines = [create_engine(pg_url) for _ in range(2)]
-    services = [TurnService(create_sessionmaker(engine), TurnStreams()) for engine in engines]
-    for service in services:
-        service.schedule = lambda conversation_id: None  # type: ignore[method-assign]
-        service.fair_use = FairUse(
-            LimitSettings(messages_per_minute=100), clock=lambda: FAIR_USE_NOW
+    services = [
+        TurnService(
+            create_sessionmaker(engine),
+            TurnStreams(),
+            fair_use=FairUse(LimitSettings(messages_per_minute=100), clock=lambda: FAIR_USE_NOW),
         )
+        for engine in engines
+    ]
+    for service in services:
+        service.workers.schedule = lambda conversation_id: None  # type: ignore[method-assign]
     plain_url = make_url(pg_url).set(drivername="postgresql").render_as_string(hide_password=False)
     holder, probe = await asyncpg.connect(plain_url), await asyncpg.connect(plain_url)
     try:
@@ -572,10 +589,13 @@ async def test_an_ingress_only_accept_announces_its_turn_in_the_same_statement(
     stores the turn, so an accept is still one; once per stored turn, at commit, and not
     for a message refused for its persona (rolled back)."""
     engine = create_engine(pg_url)
-    service = TurnService(create_sessionmaker(engine), TurnStreams())
-    service.schedule = lambda conversation_id: None  # type: ignore[method-assign]  # no engine
-    service.fair_use = FairUse(LimitSettings())
-    service.runs_turns = False
+    service = TurnService(
+        create_sessionmaker(engine),
+        TurnStreams(),
+        fair_use=FairUse(LimitSettings()),
+        runs_turns=False,
+    )
+    service.workers.schedule = lambda conversation_id: None  # type: ignore[method-assign]  # no engine
     heard: asyncio.Queue[str] = asyncio.Queue()
     listener = await asyncpg.connect(
         make_url(pg_url).set(drivername="postgresql").render_as_string(hide_password=False)

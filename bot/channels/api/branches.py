@@ -21,8 +21,8 @@ from bot.channels.ingress import PostedText, rate_limited, read_posted
 from bot.http.errors import json_error
 from bot.http.key_gate import Scope, requires
 from bot.http.keys import SERVER, TURNS
+from bot.turns.accepting import Accepted
 from bot.turns.branching import Edit, ForkRefused
-from bot.turns.service import Accepted
 
 
 def _conflict(reason: str) -> web.Response:

@@ -31,7 +31,7 @@ from bot.http.readers import EventStreamReaders
 from bot.storage.turn_reads import get_turn_for_owner, owned_turn_id
 from bot.turns.branching import attempts_of
 from bot.turns.followers import TurnFollowers
-from bot.turns.service import api_event_id
+from bot.turns.idempotency import api_event_id
 
 
 class ApiMessage(PostedMessage):
