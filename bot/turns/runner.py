@@ -139,11 +139,11 @@ class TurnRunner:
         async with self._read_sessions() as session:
             # Read at a given entry as a conversation's second turn is: the path's statement too.
             await load_history(session, missing, at=0)
-        if self.policy.partials is not None:
-            # The first text is saved before readers get it (several workers): its statement
-            # is on the first reply's way too. It locks no row of a turn that does not exist.
-            if await self.policy.partials.save_all({missing: ReplySnapshot()}):
-                raise RuntimeError("a rehearsed save found a turn")
+        # The first text is saved before readers get it (several workers): its statement is
+        # on the first reply's way too. It locks no row of a turn that does not exist.
+        partials = self.policy.partials
+        if partials is not None and await partials.save_all({missing: ReplySnapshot()}):
+            raise RuntimeError("a rehearsed save found a turn")
 
     async def run(
         self,
