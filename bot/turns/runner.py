@@ -439,6 +439,12 @@ class TurnRunner:
                 except BotError as exc:
                     if final is not None or not resumable(exc, engine_resumes):
                         raise
+                    left = max_tokens - (len(progress.generated) - generated_before)
+                    ended = ended_before(progress.generated, left, tokenizer.eos_token_id)
+                    if ended is not None:
+                        # Broken after its last token, before its final chunk: complete.
+                        final = GenerationChunk((), "", finished=True, finish_reason=ended)
+                        break
                     # A broken stream (a replica killed, a dropped connection): continue
                     # from the ids so far, after a pause, a bounded number of times.
                     log.warning(

@@ -86,6 +86,44 @@ async def test_a_broken_engine_stream_is_continued_token_exact_and_the_turn_ends
     assert reference[-1].data["text"] == events[-1].data["text"]
 
 
+class EndLostEngine(PassThroughEngine):
+    """The real engine, whose stream breaks once as its last ids arrive: they come, the
+    final chunk does not (a replica killed between the two). Records every request."""
+
+    def __init__(self, engine: LocalVLLMEngine) -> None:
+        super().__init__(engine)
+        self.requests: list[GenerationRequest] = []
+        self.broke = False
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
+        self.requests.append(request)
+        async for chunk in self._engine.generate(request):
+            if chunk.finished and not self.broke:
+                self.broke = True
+                if chunk.token_ids:
+                    yield GenerationChunk(chunk.token_ids, chunk.text)
+                raise EngineError(ErrorClass.ENGINE_UNAVAILABLE, "replica went away")
+            yield chunk
+
+
+async def test_a_stream_broken_after_its_last_token_ends_done_without_asking_for_more(
+    db_url: str, make_client: MakeClient, engine: LocalVLLMEngine
+) -> None:
+    end_lost = EndLostEngine(engine)
+    client = await make_client(
+        db_url, engine_override=end_lost, generation={**GREEDY, "max_tokens": 6}
+    )
+    key = await issue_key(db_url)
+    events = await post_and_read(client, key, "c-end-lost", "Tell me about rivers.")
+
+    assert events[-1].kind == "done", events[-1]
+    assert reply_text(events) == events[-1].data["text"]
+    (turn,) = await load_turns(db_url)
+    assert (turn.status, turn.completion_tokens) == (TurnStatus.DONE, 6)
+    # Every id of the budget had come: nothing more was asked of the engine.
+    assert len(end_lost.requests) == 1
+
+
 async def test_an_engine_that_keeps_breaking_fails_the_turn_visibly_after_a_few_resumes(
     db_url: str, make_client: MakeClient, engine: LocalVLLMEngine
 ) -> None:
