@@ -65,6 +65,7 @@ def turn_document(turn: Turn, conversation_key: str, *, attempts: int = 1) -> di
         "attempts": max(attempts, turn.attempt),
         "regenerates_turn_id": turn.regenerates_turn_id,
         "edits_turn_id": turn.edits_turn_id,
+        "continues_turn_id": turn.continues_turn_id,
         "created_at": turn.created_at.isoformat(),
     }
 
