@@ -126,6 +126,10 @@ class DeliveryRetry:
         streak = 0.0 if self._failing_since is None else self._clock() - self._failing_since
         return self._lost_s + streak
 
+    def given_up(self) -> str:
+        """What a give-up adds to its error: the time the retries cost, when there were any."""
+        return f"; lost {self.lost_s:.0f} s to failures" if self.retries else ""
+
     def next_wait(self, failure: CallFailure) -> float | None:
         """Seconds to wait before trying the call again, or None: give up."""
         if not failure.transient:

@@ -66,8 +66,7 @@ class DiscordReplySink(PacedReplySink):
         wait = self._retry.next_wait(exc.failure)
         if wait is None:
             self._fatal = exc.fatal
-            lost = f"; lost {self._retry.lost_s:.0f} s to failures" if self._retry.retries else ""
-            raise DeliveryError(exc.error_class, f"{exc}{lost}")
+            raise DeliveryError(exc.error_class, f"{exc}{self._retry.given_up()}")
         self._log.info(
             "discord_call_retry",
             route=exc.route,
